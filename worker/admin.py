@@ -1,0 +1,67 @@
+"""Operator actions on the message table, shared by the CLI (and later an HTTP API).
+
+Each action takes a :class:`~worker.store.MessageFilter` and returns plain data ready to print as JSON.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from worker.config import format_duration
+from worker.message import Message
+from worker.store import MessageFilter, StateCounts, Store
+
+
+class AdminError(Exception):
+    """An operator request that cannot be carried out as given."""
+
+
+def message_as_dict(message: Message) -> dict[str, Any]:
+    """A message as JSON-ready data, under the column names operators query."""
+
+    def thaw(value: Any) -> Any:
+        if hasattr(value, "items"):
+            return {k: thaw(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return [thaw(v) for v in value]
+        return value
+
+    return {
+        "id": message.id,
+        "message_id": message.message_id,
+        "message_name": message.name,
+        "correlation_hint": message.hint,
+        "state": message.state.value,
+        "attempt": message.attempt,
+        "next_attempt_at": message.next_attempt_at.isoformat() if message.next_attempt_at else None,
+        "reschedule_count": message.reschedule_count,
+        "created_at": message.created_at.isoformat(),
+        "time_to_live": format_duration(message.time_to_live) if message.time_to_live is not None else None,
+        "expires_at": message.expires_at.isoformat() if message.expires_at else None,
+        "slot": message.slot,
+        "payload": thaw(message.payload),
+        "headers": thaw(message.headers),
+        "last_error": message.last_error,
+    }
+
+
+def status(store: Store) -> dict[str, Any]:
+    """Counts by state and the oldest eligible message's age."""
+    counts: StateCounts = store.messages_count_by_state()
+    age: timedelta | None = counts.oldest_eligible_age
+    return {
+        "ready": counts.ready,
+        "waiting": counts.waiting,
+        "paused": counts.paused,
+        "dead": counts.dead,
+        "expired": counts.expired,
+        "total": counts.total,
+        "oldest_eligible_age_seconds": None if age is None else round(age.total_seconds(), 3),
+    }
+
+
+def require_selection(selection: MessageFilter, everything: bool, action: str) -> None:
+    """Refuse to act on the whole table unless the operator said so."""
+    if selection.is_empty() and not everything:
+        raise AdminError(f"{action} needs message ids, --name, --hint or --state (or --all for every message)")

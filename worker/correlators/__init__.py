@@ -1,0 +1,61 @@
+"""Correlators: where a message goes. Routed by ``message_name``, with ``*`` as the fallback.
+
+A correlator is any callable taking a :class:`~worker.message.Message`. Returning means success; raising
+means retry, except :class:`~worker.outcomes.PermanentError` (dead) and :class:`~worker.outcomes.Reschedule`
+(not yet). Routes come from ``CORRELATION_CORRELATORS``::
+
+    {"order.paid": "shop.handlers:on_paid", "*": "log"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from worker.config import ConfigError
+from worker.correlators.log import LogCorrelator
+from worker.correlators.python import load_callable
+from worker.message import Message
+
+Correlator = Callable[[Message], object]
+FALLBACK = "*"
+
+
+class Router:
+    """Finds the correlator of a message name; built once at startup so that bad routes fail early."""
+
+    def __init__(self, routes: Mapping[str, Correlator], descriptions: Mapping[str, str] | None = None) -> None:
+        self._routes = dict(routes)
+        self._descriptions = dict(descriptions or {name: repr(c) for name, c in routes.items()})
+
+    @classmethod
+    def from_settings(cls, specs: Mapping[str, str | Mapping[str, Any]]) -> Router:
+        """Build every route now; an unknown kind or an unimportable handler is a ConfigError."""
+        routes = {name: _build(name, spec) for name, spec in specs.items()}
+        return cls(routes, {name: str(spec) for name, spec in specs.items()})
+
+    def route(self, message_name: str) -> Correlator | None:
+        """The correlator for this name, the fallback, or None when neither is configured."""
+        return self._routes.get(message_name) or self._routes.get(FALLBACK)
+
+    def describe(self) -> dict[str, str]:
+        """The routes as text, for check-config and logs."""
+        return dict(self._descriptions)
+
+
+def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
+    setting = f"CORRELATION_CORRELATORS[{name}]"
+    if isinstance(spec, str):
+        if spec == "log":
+            return LogCorrelator()
+        if ":" in spec:
+            return load_callable(spec, setting)
+        raise ConfigError(f"invalid setting {setting}: {spec!r} is neither 'log' nor 'module:function'")
+    kind = spec.get("type")
+    if kind == "log":
+        return LogCorrelator()
+    if kind == "python":
+        return load_callable(str(spec.get("handler", "")), setting)
+    raise ConfigError(
+        f"invalid setting {setting}: unknown correlator type {kind!r}; use 'log' or 'module:function'"
+    )

@@ -1,0 +1,89 @@
+"""The HTTP endpoint on the metrics port: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+``/healthz`` is liveness: the main loop ticked within the liveness window (a hung loop turns it red).
+``/readyz`` is readiness: the database answers and its schema is the one this version needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from worker.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """The main loop calls :meth:`tick`; liveness asks :meth:`age`."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._last = monotonic()
+
+    def tick(self) -> None:
+        """The loop is alive now."""
+        self._last = self._monotonic()
+
+    def age(self) -> float:
+        """Seconds since the last tick."""
+        return self._monotonic() - self._last
+
+
+class Endpoint:
+    """A small threaded HTTP server for metrics and probes, stopped with :meth:`close`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        metrics: Metrics,
+        heartbeat: Heartbeat,
+        liveness_window: float,
+        readiness: Callable[[], str | None],
+    ) -> None:
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    age = heartbeat.age()
+                    if age <= liveness_window:
+                        self._send(200, b"ok\n")
+                    else:
+                        self._send(503, f"main loop silent for {age:.0f}s\n".encode())
+                elif path == "/readyz":
+                    problem = readiness()
+                    self._send(200, b"ready\n") if problem is None else self._send(503, f"{problem}\n".encode())
+                else:
+                    self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+            def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - probes are not news
+                return
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, name="endpoint", daemon=True)
+        self._thread.start()
+        logger.info("serving /metrics, /healthz and /readyz on %s:%s", host, endpoint.port)
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()

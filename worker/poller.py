@@ -1,0 +1,308 @@
+"""The poll cycle: fetch eligible messages page by page, correlate each hint's batch in order, record results.
+
+One cycle (:meth:`Poller.run_once`) walks every slot this replica holds, round-robin, one page per slot per
+round, with keyset paging on ``id`` so that stuck messages never starve newer ones::
+
+    for each round, for each slot with more work:
+        now  = database clock
+        page = eligible messages of the slot with id > cursor        (SQL decides eligibility)
+        batches = group page by hint, honouring batch size and the hints stopped earlier this cycle
+        run the batches (up to ``poll.concurrency`` at once; one hint's messages one after another)
+        record every outcome in one transaction, fenced by the slot lease
+        cursor = last id of the page
+
+Handler calls run on worker threads; the cycle thread watches their deadlines. A call that exceeds its
+handler timeout is given up on: its message counts as a timeout, the rest of its batch is left untouched, and
+its hint is skipped until the call returns, so that one hint never has two calls at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from worker.batching import Batch, CycleState, plan_batches
+from worker.config import Mode, PollSettings, Settings
+from worker.correlators import Router
+from worker.message import Message
+from worker.metrics import Metrics
+from worker.outcomes import Disposition, HandlerTimeout, Kind, PermanentError, resolve
+from worker.store import Fence, LeaseLost, Store
+
+logger = logging.getLogger(__name__)
+
+WATCH_TICK = 0.05  # how often the cycle thread checks handler deadlines while batches run
+
+
+class SlotSource(Protocol):
+    """Which slots this replica may poll now, and the lease terms that fence their writes."""
+
+    def slots(self) -> Sequence[int]:
+        """The slots held now."""
+        ...
+
+    def fences(self, slot: int) -> Sequence[Fence]:
+        """The lease terms a commit of this slot's results must still hold (none without leases)."""
+        ...
+
+
+class AllSlots:
+    """Every slot, unfenced: the single replica of a SQLite database, or one replica in tests."""
+
+    def __init__(self, slot_count: int) -> None:
+        self._slots = tuple(range(slot_count))
+
+    def slots(self) -> Sequence[int]:
+        """Every slot."""
+        return self._slots
+
+    def fences(self, slot: int) -> Sequence[Fence]:
+        """No lease, no fence."""
+        return ()
+
+
+@dataclass(slots=True)
+class PollResult:
+    """What one cycle did."""
+
+    pages: int = 0
+    fetched: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    fenced_off: int = 0
+    abandoned: int = 0
+
+    @property
+    def correlated(self) -> int:
+        """Messages whose call ended in success."""
+        return self.outcomes.get("success", 0)
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        """Add to an outcome."""
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+
+
+@dataclass(slots=True)
+class _Call:
+    """One message's correlator call and how it ended (``error`` None: success)."""
+
+    message: Message
+    error: BaseException | None
+    elapsed: float  # seconds since the page's clock reading, when the call ended
+
+
+class _BatchRun:
+    """A batch executing on a worker thread; the cycle thread reads its progress to enforce timeouts."""
+
+    def __init__(self, batch: Batch, page_started: float) -> None:
+        self.batch = batch
+        self.page_started = page_started
+        self.lock = threading.Lock()
+        self.calls: list[_Call] = []
+        self.current: Message | None = None
+        self.current_deadline = float("inf")
+        self.started = 0.0  # seconds since the page's clock reading, when the batch began
+        self.abandoned = False
+        self.cancelled = threading.Event()
+
+
+class Poller:
+    """Correlates the eligible messages of the slots a :class:`SlotSource` hands it."""
+
+    def __init__(
+        self,
+        store: Store,
+        router: Router,
+        settings: Settings,
+        slots: SlotSource,
+        metrics: Metrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        tick: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.router = router
+        self.settings = settings
+        self.poll: PollSettings = settings.poll
+        self.mode: Mode = settings.policy.mode
+        self.slot_source = slots
+        self.metrics = metrics or Metrics()
+        self._monotonic = monotonic
+        self._tick = tick  # liveness: called at every page and while batches run
+        self._executor = self._new_executor()
+        self._busy_hints: set[str] = set()
+        self._busy_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._running: list[_BatchRun] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.poll.concurrency, thread_name_prefix="correlate")
+
+    def request_stop(self) -> None:
+        """Start no new message; batches stop after their current call."""
+        self._stopping.set()
+        for run in list(self._running):
+            run.cancelled.set()
+
+    def close(self) -> None:
+        """Let go of the worker threads (calls still running are abandoned)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- the cycle ------------------------------------------------------------------------------------------
+
+    def run_once(self) -> PollResult:
+        """One poll cycle over every slot held; returns what it did."""
+        result = PollResult()
+        started = time.perf_counter()
+        cycle = CycleState()
+        cursors = {slot: 0 for slot in self.slot_source.slots()}
+        while cursors and not self._stopping.is_set():
+            for slot in list(cursors):
+                if self._stopping.is_set():
+                    break
+                if slot not in self.slot_source.slots():  # lease lost or handed back mid-cycle
+                    del cursors[slot]
+                    continue
+                fetched, last_id = self._run_page(slot, cursors[slot], cycle, result)
+                if fetched < self.poll.page_size:
+                    del cursors[slot]
+                else:
+                    cursors[slot] = last_id
+        self.metrics.poll_duration.observe(time.perf_counter() - started)
+        return result
+
+    def _run_page(self, slot: int, after: int, cycle: CycleState, result: PollResult) -> tuple[int, int]:
+        self._tick()
+        slot_filter = slot if self.store.slot_count > 1 else None
+        now = self.store.now()
+        page_started = self._monotonic()
+        page = self.store.messages_fetch_eligible(
+            slot=slot_filter, after=after, limit=self.poll.page_size, mode=self.mode, now=now
+        )
+        if not page:
+            return 0, after
+        result.pages += 1
+        result.fetched += len(page)
+        with self._busy_lock:
+            busy = set(self._busy_hints)
+        batches = plan_batches(page, self.settings.policy.batch_size, cycle, busy)
+        calls = self._execute(batches, page_started, result)
+        dispositions = [self._resolve(call, now) for call in calls]
+        for disposition, call in zip(dispositions, calls, strict=True):
+            if disposition.kind is not Kind.DELETE:
+                cycle.stop(call.message.hint)
+        try:
+            self.store.messages_record_results(dispositions, self.slot_source.fences(slot))
+        except LeaseLost as lost:
+            logger.warning("results of slot %s not written: %s", slot, lost)
+            self.metrics.fenced_commits.inc()
+            result.fenced_off += len(dispositions)
+            return len(page), page[-1].id
+        for disposition, call in zip(dispositions, calls, strict=True):
+            result.count(disposition.outcome)
+            self.metrics.messages.labels(call.message.name, disposition.outcome).inc()
+        return len(page), page[-1].id
+
+    def _resolve(self, call: _Call, page_now: datetime) -> Disposition:
+        policy = self.settings.policy_for(call.message.name)
+        now = page_now + timedelta(seconds=call.elapsed)
+        return resolve(call.message, call.error, policy, now, self.poll.interval)
+
+    # -- running batches ------------------------------------------------------------------------------------
+
+    def _execute(self, batches: list[Batch], page_started: float, result: PollResult) -> list[_Call]:
+        """Run the batches (at most ``concurrency`` at once) and return the calls that ended, in id order."""
+        runs = [_BatchRun(batch, page_started) for batch in batches]
+        if self._stopping.is_set():
+            return []
+        self._running = runs
+        futures: dict[Future[None], _BatchRun] = {
+            self._executor.submit(self._run_batch, run): run for run in runs
+        }
+        pending = set(futures)
+        grace_deadline: float | None = None
+        while pending:
+            _, pending = wait(pending, timeout=WATCH_TICK, return_when=FIRST_COMPLETED)
+            self._tick()
+            now = self._monotonic()
+            if self._stopping.is_set() and grace_deadline is None:
+                grace_deadline = now + self.settings.shutdown.grace.total_seconds()
+                for run in runs:
+                    run.cancelled.set()
+            for future in list(pending):
+                run = futures[future]
+                with run.lock:
+                    timed_out = run.current is not None and now >= run.current_deadline
+                    out_of_grace = grace_deadline is not None and now >= grace_deadline
+                    if not (timed_out or out_of_grace) or run.current is None:
+                        continue
+                    run.abandoned = True
+                    message = run.current
+                    if timed_out and not out_of_grace:
+                        timeout = self.settings.policy_for(message.name).handler_timeout
+                        error = HandlerTimeout(f"the correlator did not return within {timeout}")
+                        run.calls.append(_Call(message, error, now - page_started))
+                    else:  # shutting down: leave the message as it was, to be delivered again
+                        result.abandoned += 1
+                        self.metrics.messages.labels(message.name, "abandoned").inc()
+                with self._busy_lock:
+                    self._busy_hints.add(run.batch.hint)
+                pending.discard(future)
+                # The stuck thread is lost to the pool; give the next pages a full set of threads.
+                self._executor.shutdown(wait=False)
+                self._executor = self._new_executor()
+        self._running = []
+        calls = [call for run in runs for call in run.calls]
+        calls.sort(key=lambda call: call.message.id)
+        for run in runs:
+            if run.calls:
+                self.metrics.batch_duration.observe(run.calls[-1].elapsed - run.started)
+        return calls
+
+    def _run_batch(self, run: _BatchRun) -> None:
+        """On a worker thread: call the correlator for each message of one hint, in order."""
+        run.started = self._monotonic() - run.page_started
+        try:
+            for message in run.batch.messages:
+                if run.cancelled.is_set():
+                    return
+                timeout = self.settings.policy_for(message.name).handler_timeout.total_seconds()
+                with run.lock:
+                    if run.abandoned:
+                        return
+                    run.current = message
+                    run.current_deadline = self._monotonic() + timeout
+                error = self._call(message)
+                with run.lock:
+                    if run.abandoned:
+                        return
+                    run.current = None
+                    run.calls.append(_Call(message, error, self._monotonic() - run.page_started))
+                if error is not None and self.mode is Mode.FAIL_FIRST:
+                    return
+        finally:
+            with run.lock:
+                abandoned = run.abandoned
+            if abandoned:
+                with self._busy_lock:
+                    self._busy_hints.discard(run.batch.hint)
+
+    def _call(self, message: Message) -> BaseException | None:
+        correlator = self.router.route(message.name)
+        if correlator is None:
+            return PermanentError(
+                f"no correlator route for message name {message.name!r}: add it to CORRELATION_CORRELATORS "
+                'or configure a "*" fallback'
+            )
+        try:
+            returned = correlator(message)
+        except Exception as error:  # any handler exception is an outcome, never a crashed worker
+            return error
+        # A handler may also return an outcome (Retry, PermanentError, Reschedule) instead of raising it.
+        return returned if isinstance(returned, Exception) else None

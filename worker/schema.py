@@ -1,0 +1,183 @@
+"""The tables as SQLAlchemy sees them, their column types on each database, and migrations.
+
+The DDL of record is in ``schema/ddl/`` (run by the alembic migrations in ``schema/versions/``); the
+:class:`~sqlalchemy.Table` objects here describe the same columns for typed statements and must match it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Dialect,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    text,
+)
+from sqlalchemy.dialects.postgresql import INTERVAL, JSONB, TIMESTAMP
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.types import TypeEngine
+
+VERSION_TABLE = "correlation_schema_version"
+SLOT_COUNT = 64  # fixed by the schema: slot = hash(correlation_hint) mod 64 on PostgreSQL
+SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+HINT_MAX_LENGTH = 255
+LOCK_NAME_MAX_LENGTH = 64
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes: ``timestamptz`` on PostgreSQL, fixed-width UTC text on SQLite."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(TIMESTAMP(timezone=True))
+        return dialect.type_descriptor(Text())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None or dialect.name == "postgresql":
+            return value
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value.strftime(SQLITE_TIME_FORMAT)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value.replace("T", " ").removesuffix("Z"))
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+class TimeToLive(TypeDecorator[timedelta]):
+    """An interval: ``interval`` on PostgreSQL, seconds (a number) on SQLite."""
+
+    impl = Float
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(INTERVAL())
+        return dialect.type_descriptor(Float())
+
+    def process_bind_param(self, value: timedelta | None, dialect: Dialect) -> Any:
+        if value is None or dialect.name == "postgresql":
+            return value
+        return value.total_seconds()
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> timedelta | None:
+        if value is None or isinstance(value, timedelta):
+            return value
+        return timedelta(seconds=float(value))
+
+
+class Document(TypeDecorator[Any]):
+    """JSON: ``jsonb`` on PostgreSQL, JSON text on SQLite."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(JSON())
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        # SQLite hands back text when a row was written by hand with a JSON string literal.
+        if isinstance(value, str) and dialect.name != "postgresql":
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+        return value
+
+
+metadata = MetaData()
+
+message_table = Table(
+    "correlation_message",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("message_id", Text, unique=True),
+    Column("message_name", Text, nullable=False),
+    Column("correlation_hint", Text, nullable=False),
+    Column("payload", Document, nullable=False),
+    Column("headers", Document, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("time_to_live", TimeToLive),
+    Column("expires_at", UtcDateTime),
+    Column("attempt", Integer, nullable=False),
+    Column("next_attempt_at", UtcDateTime),
+    Column("reschedule_count", Integer, nullable=False),
+    Column("last_error", Text),
+    Column("state", Text, nullable=False),
+    Column("slot", Integer, nullable=False),
+)
+
+lock_table = Table(
+    "correlation_lock",
+    metadata,
+    Column("name", String(LOCK_NAME_MAX_LENGTH), primary_key=True),
+    Column("lock_until", UtcDateTime, nullable=False),
+    Column("locked_at", UtcDateTime, nullable=False),
+    Column("locked_by", String(255), nullable=False),
+    Column("fence", BigInteger, nullable=False),
+)
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    """An alembic configuration pointing at the migrations shipped in the package."""
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("worker.migrations")))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest migration shipped with this version."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The schema revision the database is at (None: never migrated)."""
+    return MigrationContext.configure(
+        connection, opts={"version_table": VERSION_TABLE}
+    ).get_current_revision()
+
+
+def migrate(engine: Engine) -> tuple[str | None, str]:
+    """Bring the schema to the newest revision; returns (before, after).
+
+    On PostgreSQL an advisory lock serialises replicas that start at the same moment.
+    """
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('correlation-worker migrate'))"))
+        before = current_revision(connection)
+        command.upgrade(alembic_config(connection), "head")
+        after = current_revision(connection)
+    assert after is not None
+    return before, after

@@ -1,0 +1,589 @@
+"""The one seam to the database: every statement correlation-worker runs is in this module.
+
+Methods read noun-then-verb (``messages_fetch_eligible``, ``lock_try_acquire``) and return the project's own
+frozen values, never driver rows. Driver errors are translated here: an unreachable database becomes
+:class:`DatabaseUnavailable`, a row the schema refuses becomes :class:`MessageRejected`.
+
+Times come from the database clock: :meth:`Store.now` reads it once per page, and statements that take or
+renew a lease use the database's own ``now()``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Integer,
+    Text,
+    bindparam,
+    create_engine,
+    event,
+    select,
+    text,
+)
+from sqlalchemy import delete as sa_delete
+from sqlalchemy import update as sa_update
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import InterfaceError as SAInterfaceError
+from sqlalchemy.sql import ColumnElement, TextClause
+
+from worker.config import DatabaseSettings, Mode
+from worker.message import Message, MessageState
+from worker.outcomes import Disposition, Kind
+from worker.schema import (
+    SLOT_COUNT,
+    Document,
+    TimeToLive,
+    UtcDateTime,
+    current_revision,
+    head_revision,
+    lock_table,
+    message_table,
+    migrate,
+)
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """A database operation failed; the message says what and how to fix it."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be reached (or the connection broke); retry later."""
+
+
+class MessageRejected(StoreError):
+    """The schema refused a row; ``constraint`` names the rule it broke."""
+
+    def __init__(self, message: str, constraint: str | None = None) -> None:
+        super().__init__(message)
+        self.constraint = constraint
+
+
+class LeaseLost(StoreError):
+    """A fenced write found that this replica no longer holds the lease; nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A lease term: the lock name, its holder and the fence value of the acquisition."""
+
+    name: str
+    holder: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockRow:
+    """One row of ``correlation_lock``."""
+
+    name: str
+    lock_until: datetime
+    locked_at: datetime
+    locked_by: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateCounts:
+    """Messages by state; ``waiting`` are ready ones whose next attempt is not due yet."""
+
+    ready: int
+    waiting: int
+    paused: int
+    dead: int
+    expired: int
+    oldest_eligible_age: timedelta | None
+
+    @property
+    def total(self) -> int:
+        """Every row in the table."""
+        return self.ready + self.waiting + self.paused + self.dead + self.expired
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """Which messages an admin command acts on; every set field must match."""
+
+    ids: tuple[int, ...] = ()
+    name: str | None = None
+    hint: str | None = None
+    state: MessageState | None = None
+
+    def is_empty(self) -> bool:
+        """True when nothing narrows the selection (the whole table)."""
+        return not self.ids and self.name is None and self.hint is None and self.state is None
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """What a producer gives; everything else has a default."""
+
+    name: str
+    hint: str
+    payload: Any = None
+    headers: Mapping[str, Any] | None = None
+    message_id: str | None = None
+    time_to_live: timedelta | None = None
+    expires_at: datetime | None = None
+
+
+MESSAGE_TYPES: dict[str, Any] = {
+    "id": BigInteger,
+    "message_id": Text,
+    "message_name": Text,
+    "correlation_hint": Text,
+    "payload": Document,
+    "headers": Document,
+    "created_at": UtcDateTime,
+    "time_to_live": TimeToLive,
+    "expires_at": UtcDateTime,
+    "attempt": Integer,
+    "next_attempt_at": UtcDateTime,
+    "reschedule_count": Integer,
+    "last_error": Text,
+    "state": Text,
+    "slot": Integer,
+}
+
+# An earlier message of the same hint that holds the hint back. The first condition repeats the predicate of
+# correlation_message_blocking_idx so that the planner can use it; literals (not parameters) keep it provable.
+_BLOCKED_BY_EARLIER = """
+    EXISTS (
+        SELECT 1 FROM correlation_message e
+         WHERE e.correlation_hint = m.correlation_hint AND e.id < m.id
+           AND (e.state <> 'ready' OR e.next_attempt_at IS NOT NULL)
+           AND (e.expires_at IS NULL OR e.expires_at > :now)
+           AND (e.state = 'paused'
+                OR (e.state = 'ready' AND e.next_attempt_at > :now){dead_blocks})
+    )"""
+
+
+def _eligible_sql(mode: Mode, by_slot: bool) -> str:
+    """Eligible messages after a keyset position in id order: fresh ones and delayed ones now due."""
+    blocked = _BLOCKED_BY_EARLIER.format(dead_blocks=" OR e.state = 'dead'" if mode is Mode.FAIL_FIRST else "")
+    slot = "AND m.slot = :slot" if by_slot else ""
+    arm = f"""
+        SELECT {", ".join("m." + column for column in MESSAGE_TYPES)}
+          FROM correlation_message m
+         WHERE m.state = 'ready' AND {{due}} {slot} AND m.id > :after
+           AND (m.expires_at IS NULL OR m.expires_at > :now)
+           AND NOT {blocked}
+         ORDER BY m.id LIMIT :limit"""
+    fresh = arm.format(due="m.next_attempt_at IS NULL")
+    delayed = arm.format(due="m.next_attempt_at IS NOT NULL AND m.next_attempt_at <= :now")
+    return (
+        f"SELECT {', '.join(MESSAGE_TYPES)} FROM ("
+        f"SELECT * FROM ({fresh}) AS fresh UNION ALL SELECT * FROM ({delayed}) AS delayed"
+        ") AS page ORDER BY id LIMIT :limit"
+    )
+
+
+def _typed(sql: str, **types: Any) -> TextClause:
+    """A text statement with typed parameters (so that datetimes bind correctly on every database)."""
+    return text(sql).bindparams(*(bindparam(name, type_=type_) for name, type_ in types.items()))
+
+
+def _message_select(sql: str, **types: Any) -> Any:
+    return _typed(sql, **types).columns(**MESSAGE_TYPES)
+
+
+_ELIGIBLE = {
+    (mode, by_slot): _message_select(
+        _eligible_sql(mode, by_slot), now=UtcDateTime(), after=BigInteger(), limit=Integer()
+    )
+    for mode in Mode
+    for by_slot in (True, False)
+}
+
+_CONSTRAINT = re.compile(r'constraint "?([a-z_]+)"?', re.IGNORECASE)
+_SQLITE_CHECK = re.compile(r"CHECK constraint failed: ([a-z_]+)", re.IGNORECASE)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({key: _freeze(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(item) for item in value)
+    return value
+
+
+def _message(row: Any) -> Message:
+    return Message(
+        id=row.id,
+        message_id=row.message_id,
+        name=row.message_name,
+        hint=row.correlation_hint,
+        payload=_freeze(row.payload),
+        headers=_freeze(row.headers or {}),
+        created_at=row.created_at,
+        time_to_live=row.time_to_live,
+        expires_at=row.expires_at,
+        attempt=row.attempt,
+        next_attempt_at=row.next_attempt_at,
+        reschedule_count=row.reschedule_count,
+        last_error=row.last_error,
+        state=MessageState(row.state),
+        slot=row.slot,
+    )
+
+
+def normalise_url(url: str) -> str:
+    """Use psycopg 3 for PostgreSQL whatever driver the URL names (or none)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def build_engine(settings: DatabaseSettings) -> Engine:
+    """An engine for the configured database with sane pooling and timeouts."""
+    url = normalise_url(settings.url)
+    timeout = max(1, int(settings.connect_timeout.total_seconds()))
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30}, pool_pre_ping=False)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        return engine
+    return create_engine(
+        url,
+        pool_size=settings.pool_size,
+        max_overflow=settings.pool_size,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        connect_args={"connect_timeout": timeout, "application_name": "correlation-worker"},
+    )
+
+
+class Store:
+    """Every statement against ``correlation_message`` and ``correlation_lock``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    @classmethod
+    def from_settings(cls, settings: DatabaseSettings) -> Store:
+        """A store on a new engine for these settings."""
+        return cls(build_engine(settings))
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    @property
+    def slot_count(self) -> int:
+        """How many slots hints are spread over (one on SQLite, where a single replica owns them all)."""
+        return SLOT_COUNT if self.dialect == "postgresql" else 1
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except IntegrityError as error:
+            raise _rejected(error) from None
+        except (OperationalError, SAInterfaceError) as error:
+            raise DatabaseUnavailable(_describe_unavailable(error)) from error
+        except DBAPIError as error:
+            if error.connection_invalidated:
+                raise DatabaseUnavailable(_describe_unavailable(error)) from error
+            raise
+
+    def _run(self, work: Callable[[Connection], T]) -> T:
+        with self._transaction() as connection:
+            return work(connection)
+
+    def _now(self, connection: Connection) -> datetime:
+        if self.dialect == "postgresql":
+            value = connection.execute(text("SELECT now()")).scalar_one()
+        else:
+            raw = connection.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
+            value = datetime.fromisoformat(raw)
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+    # -- schema -------------------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The database clock."""
+        return self._run(self._now)
+
+    def ping(self) -> None:
+        """Raise DatabaseUnavailable unless the database answers."""
+        self._run(lambda c: c.execute(text("SELECT 1")))
+
+    def schema_revision(self) -> str | None:
+        """The schema revision of the database (None: never migrated)."""
+        return self._run(current_revision)
+
+    def schema_is_current(self) -> bool:
+        """True when the database schema is at the newest revision this version ships."""
+        return self.schema_revision() == head_revision()
+
+    def schema_migrate(self) -> tuple[str | None, str]:
+        """Apply every pending migration; returns (revision before, revision after)."""
+        try:
+            return migrate(self.engine)
+        except (OperationalError, SAInterfaceError) as error:
+            raise DatabaseUnavailable(_describe_unavailable(error)) from error
+
+    # -- correlation ------------------------------------------------------------------------------------
+
+    def messages_fetch_eligible(
+        self, *, slot: int | None, after: int, limit: int, mode: Mode, now: datetime
+    ) -> list[Message]:
+        """Eligible messages of one slot (or of all, with None) with ``id > after``, in id order."""
+        params: dict[str, Any] = {"after": after, "limit": limit, "now": now}
+        if slot is not None:
+            params["slot"] = slot
+        statement = _ELIGIBLE[(mode, slot is not None)]
+        return self._run(lambda c: [_message(row) for row in c.execute(statement, params)])
+
+    def messages_record_results(
+        self, dispositions: Sequence[Disposition], fences: Sequence[Fence] = ()
+    ) -> None:
+        """Write the outcome of a page in one transaction: delete successes, update the rest.
+
+        With ``fences``, first check (locking the lease rows) that this replica still holds every lease with
+        the same fence and an unexpired term; if not, write nothing and raise :class:`LeaseLost`.
+        """
+        if not dispositions:
+            return
+
+        def work(connection: Connection) -> None:
+            for fence in fences:
+                self._fence_check(connection, fence)
+            done = [d.message_id for d in dispositions if d.kind is Kind.DELETE]
+            if done:
+                connection.execute(_DELETE_BY_IDS, {"ids": done})
+            updates = [
+                {
+                    "b_id": d.message_id,
+                    "attempt": d.attempt,
+                    "next_attempt_at": d.next_attempt_at,
+                    "reschedule_count": d.reschedule_count,
+                    "last_error": d.last_error,
+                    "dead": d.kind is Kind.DEAD,
+                }
+                for d in dispositions
+                if d.kind is not Kind.DELETE
+            ]
+            if updates:
+                connection.execute(_RECORD_ATTEMPT, updates)
+
+        self._run(work)
+
+    def _fence_check(self, connection: Connection, fence: Fence) -> None:
+        # Lock the lease row so that no one can take it over until this transaction commits.
+        row = connection.execute(_FENCE_CHECK, {"name": fence.name}).first()
+        if row is None or row.locked_by != fence.holder or row.fence != fence.fence or not row.held:
+            raise LeaseLost(f"lease {fence.name} is no longer held by {fence.holder} (fence {fence.fence})")
+
+    # -- producers and admin -----------------------------------------------------------------------------
+
+    def messages_insert(self, message: NewMessage) -> int | None:
+        """Insert one message; returns its id, or None when its ``message_id`` was already there."""
+        values: dict[str, Any] = {
+            "message_name": message.name,
+            "correlation_hint": message.hint,
+            "payload": message.payload if message.payload is not None else {},
+            "headers": dict(message.headers or {}),
+            "message_id": message.message_id,
+            "time_to_live": message.time_to_live,
+            "expires_at": message.expires_at,
+        }
+
+        def work(connection: Connection) -> int | None:
+            if message.message_id is not None:
+                existing = connection.execute(
+                    select(message_table.c.id).where(message_table.c.message_id == message.message_id)
+                ).first()
+                if existing is not None:
+                    return None
+            statement = message_table.insert().values(**values).returning(message_table.c.id)
+            return int(connection.execute(statement).scalar_one())
+
+        return self._run(work)
+
+    def messages_get(self, message_id: int) -> Message | None:
+        """One message by id."""
+        statement = select(message_table).where(message_table.c.id == message_id)
+        row = self._run(lambda c: c.execute(statement).first())
+        return None if row is None else _message(row)
+
+    def messages_list(self, selection: MessageFilter, *, after: int = 0, limit: int = 50) -> list[Message]:
+        """Messages matching the filter, in id order, from a keyset position."""
+        statement = (
+            select(message_table)
+            .where(*_conditions(selection), message_table.c.id > after)
+            .order_by(message_table.c.id)
+            .limit(limit)
+        )
+        return self._run(lambda c: [_message(row) for row in c.execute(statement)])
+
+    def messages_count_by_state(self) -> StateCounts:
+        """Counts by state (waiting and expired apart) and the age of the oldest eligible message."""
+
+        def work(connection: Connection) -> StateCounts:
+            now = self._now(connection)
+            row = connection.execute(_COUNT_BY_STATE, {"now": now}).one()
+            oldest = connection.execute(
+                _ELIGIBLE[(Mode.FAIL_FIRST, False)], {"after": 0, "limit": 1, "now": now}
+            ).first()
+            age = None if oldest is None else max(timedelta(0), now - oldest.created_at)
+            return StateCounts(
+                ready=row.ready or 0,
+                waiting=row.waiting or 0,
+                paused=row.paused or 0,
+                dead=row.dead or 0,
+                expired=row.expired or 0,
+                oldest_eligible_age=age,
+            )
+
+        return self._run(work)
+
+    def messages_requeue(self, selection: MessageFilter) -> int:
+        """Dead → ready with the attempt count reset, due at once; returns how many."""
+        statement = (
+            sa_update(message_table)
+            .where(*_conditions(selection), message_table.c.state == MessageState.DEAD.value)
+            .values(state=MessageState.READY.value, attempt=0, next_attempt_at=None)
+        )
+        return self._run(lambda c: c.execute(statement).rowcount)
+
+    def messages_pause(self, selection: MessageFilter) -> int:
+        """Ready → paused (the messages hold back their hints); returns how many."""
+        statement = (
+            sa_update(message_table)
+            .where(*_conditions(selection), message_table.c.state == MessageState.READY.value)
+            .values(state=MessageState.PAUSED.value)
+        )
+        return self._run(lambda c: c.execute(statement).rowcount)
+
+    def messages_resume(self, selection: MessageFilter) -> int:
+        """Paused → ready; returns how many."""
+        statement = (
+            sa_update(message_table)
+            .where(*_conditions(selection), message_table.c.state == MessageState.PAUSED.value)
+            .values(state=MessageState.READY.value)
+        )
+        return self._run(lambda c: c.execute(statement).rowcount)
+
+    def messages_delete(self, selection: MessageFilter) -> int:
+        """Delete the matching messages; returns how many."""
+        statement = sa_delete(message_table).where(*_conditions(selection))
+        return self._run(lambda c: c.execute(statement).rowcount)
+
+    def messages_delete_expired(self, *, now: datetime, limit: int) -> int:
+        """Delete at most ``limit`` expired messages; returns how many."""
+        return self._run(lambda c: c.execute(_DELETE_EXPIRED, {"now": now, "limit": limit}).rowcount)
+
+    # -- locks ----------------------------------------------------------------------------------------------
+
+    def locks_list(self) -> list[LockRow]:
+        """Every row of the lock table, by name."""
+        statement = select(lock_table).order_by(lock_table.c.name)
+        return self._run(
+            lambda c: [
+                LockRow(r.name, r.lock_until, r.locked_at, r.locked_by, r.fence) for r in c.execute(statement)
+            ]
+        )
+
+
+def _conditions(selection: MessageFilter) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if selection.ids:
+        conditions.append(message_table.c.id.in_(selection.ids))
+    if selection.name is not None:
+        conditions.append(message_table.c.message_name == selection.name)
+    if selection.hint is not None:
+        conditions.append(message_table.c.correlation_hint == selection.hint)
+    if selection.state is not None:
+        conditions.append(message_table.c.state == selection.state.value)
+    return conditions
+
+
+# Delete the messages correlated successfully.
+_DELETE_BY_IDS = text("DELETE FROM correlation_message WHERE id IN :ids").bindparams(
+    bindparam("ids", expanding=True)
+)
+
+# Record one correlator call: attempts, due time and error; dead when the policy says so. A message an
+# operator paused meanwhile stays paused.
+_RECORD_ATTEMPT = _typed(
+    """
+    UPDATE correlation_message
+       SET attempt = :attempt, next_attempt_at = :next_attempt_at, reschedule_count = :reschedule_count,
+           last_error = :last_error, state = CASE WHEN :dead THEN 'dead' ELSE state END
+     WHERE id = :b_id
+    """,
+    next_attempt_at=UtcDateTime(),
+    dead=Boolean(),
+    b_id=BigInteger(),
+)
+
+# Lock a lease row and tell whether its term is still running by the database clock.
+_FENCE_CHECK = text(
+    "SELECT locked_by, fence, lock_until > CURRENT_TIMESTAMP AS held FROM correlation_lock "
+    "WHERE name = :name FOR UPDATE"
+)
+
+# Messages by state; waiting and expired counted apart.
+_COUNT_BY_STATE = _typed(
+    """
+    SELECT
+      sum(CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 1 ELSE 0 END) AS expired,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
+                    AND (next_attempt_at IS NULL OR next_attempt_at <= :now) THEN 1 ELSE 0 END) AS ready,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
+                    AND next_attempt_at > :now THEN 1 ELSE 0 END) AS waiting,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'paused' THEN 1 ELSE 0 END) AS paused,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'dead' THEN 1 ELSE 0 END) AS dead
+    FROM correlation_message
+    """,
+    now=UtcDateTime(),
+)
+
+# Remove one bounded chunk of expired messages (by the expiry index).
+_DELETE_EXPIRED = _typed(
+    """
+    DELETE FROM correlation_message WHERE id IN (
+        SELECT id FROM correlation_message WHERE expires_at IS NOT NULL AND expires_at <= :now LIMIT :limit
+    )
+    """,
+    now=UtcDateTime(),
+    limit=Integer(),
+)
+
+
+def _rejected(error: IntegrityError) -> MessageRejected:
+    detail = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
+    match = _CONSTRAINT.search(detail) or _SQLITE_CHECK.search(detail)
+    constraint = match.group(1) if match else None
+    if "UNIQUE" in detail.upper() or "duplicate key" in detail:
+        constraint = constraint or "correlation_message_message_id_key"
+    return MessageRejected(f"the database refused the message: {detail}", constraint)
+
+
+def _describe_unavailable(error: DBAPIError) -> str:
+    detail = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
+    return f"database unavailable: {detail}"

@@ -1,0 +1,190 @@
+"""The composition root: builds every part from the settings, runs the loops, stops cleanly.
+
+Nothing here decides policy; it wires the store, the correlators, the poller, cleanup, metrics and the HTTP
+endpoint together and owns the process lifecycle (signals, schema check, shutdown).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from types import FrameType
+
+from worker.cleanup import Cleanup
+from worker.config import Settings
+from worker.correlators import Router
+from worker.endpoint import Endpoint, Heartbeat
+from worker.metrics import Metrics
+from worker.poller import AllSlots, Poller
+from worker.schema import head_revision
+from worker.store import DatabaseUnavailable, Store, StoreError
+
+logger = logging.getLogger(__name__)
+
+STARTUP_RETRY = 2.0  # seconds between attempts to reach the database at startup
+HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while they wait
+
+
+class StartupError(Exception):
+    """The worker cannot start; the message says why and what to do."""
+
+
+def replica_identity(name: str) -> str:
+    """``locked_by`` for this process: the pod name plus a per-boot random suffix."""
+    return f"{name}-{secrets.token_hex(4)}"
+
+
+class Worker:
+    """One replica: polls, correlates, cleans up and serves metrics until told to stop."""
+
+    def __init__(self, settings: Settings, store: Store | None = None, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.replica_id = replica_identity(settings.replica.name)
+        self.store = store or Store.from_settings(settings.database)
+        self.metrics = metrics or Metrics()
+        self.router = Router.from_settings(settings.correlators)
+        self.heartbeat = Heartbeat()
+        self.stopping = threading.Event()
+        self.poller = Poller(
+            self.store,
+            self.router,
+            settings,
+            AllSlots(self.store.slot_count),
+            self.metrics,
+            tick=self.heartbeat.tick,
+        )
+        self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics)
+        self.endpoint: Endpoint | None = None
+        self._signals = 0
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: stop gracefully; a second one: exit at once."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(1)
+        logger.info("%s: finishing the current message, then stopping", signal.Signals(signum).name)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop polling; the current calls finish (or are abandoned after the shutdown grace)."""
+        self.stopping.set()
+        self.poller.request_stop()
+
+    def prepare_schema(self) -> None:
+        """Wait for the database, then migrate (``auto_migrate``) or refuse an out-of-date schema."""
+        while not self.stopping.is_set():
+            try:
+                revision = self.store.schema_revision()
+                break
+            except DatabaseUnavailable as error:
+                self.metrics.database_errors.inc()
+                logger.warning("%s; retrying in %.0fs", error, STARTUP_RETRY)
+                self.stopping.wait(STARTUP_RETRY)
+        else:
+            return
+        head = head_revision()
+        if revision == head:
+            return
+        if not self.settings.database.auto_migrate:
+            raise StartupError(
+                f"the database schema is at revision {revision or 'none'} but this version needs {head}: "
+                "run `correlation-worker migrate` (or set CORRELATION_DATABASE__AUTO_MIGRATE=true)"
+            )
+        before, after = self.store.schema_migrate()
+        logger.info("schema migrated from %s to %s", before or "nothing", after)
+
+    def readiness(self) -> str | None:
+        """None when ready; otherwise why not (for /readyz)."""
+        try:
+            if not self.store.schema_is_current():
+                return "database schema is not current: run `correlation-worker migrate`"
+        except StoreError as error:
+            return str(error)
+        return None
+
+    def run(self) -> int:
+        """Run until stopped; returns the process exit code."""
+        self.prepare_schema()
+        if self.stopping.is_set():
+            return 0
+        metrics_settings = self.settings.metrics
+        if metrics_settings.enabled:
+            window = max(60.0, 3 * self.settings.poll.interval.total_seconds())
+            self.endpoint = Endpoint(
+                metrics_settings.host, metrics_settings.port, self.metrics, self.heartbeat, window, self.readiness
+            )
+        logger.info(
+            "replica %s polling %s every %s (%d slots), routes %s",
+            self.replica_id,
+            self.store.engine.url.render_as_string(hide_password=True),
+            self.settings.poll.interval,
+            self.store.slot_count,
+            self.router.describe(),
+        )
+        cleanup = threading.Thread(
+            target=self._every,
+            args=("cleanup", self.settings.cleanup.initial_delay, self.settings.cleanup.interval, self._cleanup),
+            name="cleanup",
+            daemon=True,
+        )
+        cleanup.start()
+        try:
+            self._every("poll", self.settings.poll.initial_delay, self.settings.poll.interval, self._poll)
+        finally:
+            self.poller.close()
+            cleanup.join(timeout=5)
+            if self.endpoint is not None:
+                self.endpoint.close()
+            self.store.close()
+            logger.info("replica %s stopped", self.replica_id)
+        return 0
+
+    # -- loops ------------------------------------------------------------------------------------------------
+
+    def _every(self, name: str, initial_delay: timedelta, interval: timedelta, work: Callable[[], None]) -> None:
+        self._wait(initial_delay.total_seconds())
+        while not self.stopping.is_set():
+            self.heartbeat.tick()
+            try:
+                work()
+            except DatabaseUnavailable as error:
+                self.metrics.database_errors.inc()
+                logger.warning("%s: %s", name, error)
+            except Exception:  # a bug must not kill the loop; it is logged and the loop goes on
+                logger.exception("%s failed", name)
+            self._wait(interval.total_seconds())
+
+    def _wait(self, seconds: float) -> None:
+        remaining = seconds
+        while remaining > 0 and not self.stopping.is_set():
+            step = min(HEARTBEAT_SLICE, remaining)
+            self.stopping.wait(step)
+            remaining -= step
+            self.heartbeat.tick()
+
+    def _poll(self) -> None:
+        result = self.poller.run_once()
+        if result.fetched:
+            logger.info(
+                "poll: %d messages in %d pages: %s",
+                result.fetched,
+                result.pages,
+                ", ".join(f"{k}={v}" for k, v in sorted(result.outcomes.items())) or "none taken",
+            )
+
+    def _cleanup(self) -> None:
+        result = self.cleanup.run_once()
+        if result.expired_removed:
+            logger.info("cleanup removed %d expired messages", result.expired_removed)
