@@ -9,6 +9,7 @@ A bad value stops startup with one line naming the setting (see :func:`describe_
 from __future__ import annotations
 
 import os
+import re
 import socket
 from datetime import timedelta
 from enum import StrEnum
@@ -350,4 +351,8 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as error:
         raise ConfigError(describe_error(error)) from None
     except (ValueError, OSError) as error:  # a malformed JSON value or an unreadable config file
+        field = re.search(r'field "([a-z_]+)"', str(error))
+        if field:
+            name = ENV_PREFIX + field.group(1).upper()
+            raise ConfigError(f"invalid setting {name}: the value is not valid JSON") from None
         raise ConfigError(f"invalid configuration: {error}") from None

@@ -179,11 +179,10 @@ class Poller:
 
     def _run_page(self, slot: int, after: int, cycle: CycleState, result: PollResult) -> tuple[int, int]:
         self._tick()
-        slot_filter = slot if self.store.slot_count > 1 else None
         now = self.store.now()
         page_started = self._monotonic()
         page = self.store.messages_fetch_eligible(
-            slot=slot_filter, after=after, limit=self.poll.page_size, mode=self.mode, now=now
+            slot=slot, after=after, limit=self.poll.page_size, mode=self.mode, now=now
         )
         if not page:
             return 0, after

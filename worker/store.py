@@ -351,7 +351,10 @@ class Store:
     def messages_fetch_eligible(
         self, *, slot: int | None, after: int, limit: int, mode: Mode, now: datetime
     ) -> list[Message]:
-        """Eligible messages of one slot (or of all, with None) with ``id > after``, in id order."""
+        """Eligible messages of one slot with ``id > after``, in id order; O(page) by the slot indexes.
+
+        ``slot=None`` looks at every slot at once; it is not index-bounded and serves tests and admin views.
+        """
         params: dict[str, Any] = {"after": after, "limit": limit, "now": now}
         if slot is not None:
             params["slot"] = slot
@@ -446,10 +449,14 @@ class Store:
         def work(connection: Connection) -> StateCounts:
             now = self._now(connection)
             row = connection.execute(_COUNT_BY_STATE, {"now": now}).one()
-            oldest = connection.execute(
-                _ELIGIBLE[(Mode.FAIL_FIRST, False)], {"after": 0, "limit": 1, "now": now}
-            ).first()
-            age = None if oldest is None else max(timedelta(0), now - oldest.created_at)
+            heads = [
+                connection.execute(
+                    _ELIGIBLE[(Mode.FAIL_FIRST, True)], {"after": 0, "limit": 1, "now": now, "slot": slot}
+                ).first()
+                for slot in range(self.slot_count)
+            ]
+            created = [head.created_at for head in heads if head is not None]
+            age = max(timedelta(0), now - min(created)) if created else None
             return StateCounts(
                 ready=row.ready or 0,
                 waiting=row.waiting or 0,
@@ -577,7 +584,7 @@ _DELETE_EXPIRED = _typed(
 
 def _rejected(error: IntegrityError) -> MessageRejected:
     detail = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
-    match = _CONSTRAINT.search(detail) or _SQLITE_CHECK.search(detail)
+    match = _SQLITE_CHECK.search(detail) or _CONSTRAINT.search(detail)
     constraint = match.group(1) if match else None
     if "UNIQUE" in detail.upper() or "duplicate key" in detail:
         constraint = constraint or "correlation_message_message_id_key"

@@ -16,7 +16,7 @@ from datetime import timedelta
 from types import FrameType
 
 from worker.cleanup import Cleanup
-from worker.config import Settings
+from worker.config import Settings, format_duration
 from worker.correlators import Router
 from worker.endpoint import Endpoint, Heartbeat
 from worker.metrics import Metrics
@@ -91,7 +91,7 @@ class Worker:
             except DatabaseUnavailable as error:
                 self.metrics.database_errors.inc()
                 logger.warning("%s; retrying in %.0fs", error, STARTUP_RETRY)
-                self.stopping.wait(STARTUP_RETRY)
+                self._wait(STARTUP_RETRY)
         else:
             return
         head = head_revision()
@@ -116,20 +116,25 @@ class Worker:
 
     def run(self) -> int:
         """Run until stopped; returns the process exit code."""
-        self.prepare_schema()
-        if self.stopping.is_set():
-            return 0
         metrics_settings = self.settings.metrics
-        if metrics_settings.enabled:
+        if metrics_settings.enabled:  # first, so that probes answer while the database is awaited
             window = max(60.0, 3 * self.settings.poll.interval.total_seconds())
             self.endpoint = Endpoint(
                 metrics_settings.host, metrics_settings.port, self.metrics, self.heartbeat, window, self.readiness
             )
+        try:
+            self.prepare_schema()
+        except BaseException:
+            self._close_endpoint()
+            raise
+        if self.stopping.is_set():
+            self._close_endpoint()
+            return 0
         logger.info(
             "replica %s polling %s every %s (%d slots), routes %s",
             self.replica_id,
             self.store.engine.url.render_as_string(hide_password=True),
-            self.settings.poll.interval,
+            format_duration(self.settings.poll.interval),
             self.store.slot_count,
             self.router.describe(),
         )
@@ -145,11 +150,15 @@ class Worker:
         finally:
             self.poller.close()
             cleanup.join(timeout=5)
-            if self.endpoint is not None:
-                self.endpoint.close()
+            self._close_endpoint()
             self.store.close()
             logger.info("replica %s stopped", self.replica_id)
         return 0
+
+    def _close_endpoint(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
 
     # -- loops ------------------------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ CREATE TABLE correlation_message (
 CREATE INDEX correlation_message_fresh_idx ON correlation_message (slot, id)
     WHERE state = 'ready' AND next_attempt_at IS NULL;
 -- The poll: delayed messages whose due time has passed (waiting ones are never scanned).
-CREATE INDEX correlation_message_due_idx ON correlation_message (next_attempt_at)
+CREATE INDEX correlation_message_due_idx ON correlation_message (slot, next_attempt_at)
     WHERE state = 'ready' AND next_attempt_at IS NOT NULL;
 -- A hint's earlier messages that may hold it back (delayed, paused or dead ones).
 CREATE INDEX correlation_message_blocking_idx ON correlation_message (correlation_hint, id)

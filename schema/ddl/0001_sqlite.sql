@@ -35,7 +35,7 @@ CREATE TABLE correlation_message (
 
 CREATE INDEX correlation_message_fresh_idx ON correlation_message (slot, id)
     WHERE state = 'ready' AND next_attempt_at IS NULL;
-CREATE INDEX correlation_message_due_idx ON correlation_message (next_attempt_at)
+CREATE INDEX correlation_message_due_idx ON correlation_message (slot, next_attempt_at)
     WHERE state = 'ready' AND next_attempt_at IS NOT NULL;
 CREATE INDEX correlation_message_blocking_idx ON correlation_message (correlation_hint, id)
     WHERE state <> 'ready' OR next_attempt_at IS NOT NULL;

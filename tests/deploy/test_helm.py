@@ -23,6 +23,7 @@ except (ImportError, OSError) as error:  # OSError: the bundled libhelm_c.so doe
         f"helm-python-sdk is not usable (pip install helm-python-sdk): {error}", allow_module_level=True
     )
 
+# The release and namespace the conftest `render` fixture uses.
 RELEASE = "orders"
 NAMESPACE = "correlation"
 FULLNAME = f"{RELEASE}-correlation-worker"
@@ -39,46 +40,6 @@ Manifest = dict[str, Any]
 def chart_dir(repo_root: Path) -> Path:
     """The chart's directory."""
     return repo_root / "helm" / "correlation-worker"
-
-
-@pytest.fixture(scope="module")
-def chart(chart_dir: Path) -> Any:
-    """The chart, loaded by Helm."""
-    try:
-        loaded = helm.Chart.load(chart_dir)
-    except helm.HelmLibraryError as error:
-        pytest.skip(f"helm-python-sdk cannot load its native library: {error}")
-    yield loaded
-    loaded.close()
-
-
-@pytest.fixture(scope="module")
-def values_file(chart_dir: Path, repo_root: Path) -> Callable[[str], dict[str, Any]]:
-    """Parse a values file the way `helm -f FILE` does, found in the chart's ci/ or in tests/deploy/data."""
-
-    def load(name: str) -> dict[str, Any]:
-        for folder in (chart_dir / "ci", repo_root / "tests" / "deploy" / "data"):
-            if (folder / name).exists():
-                return helm.values_from_yaml((folder / name).read_text())
-        raise FileNotFoundError(name)
-
-    return load
-
-
-@pytest.fixture(scope="module")
-def render(chart: Any, load_yaml: Callable[[str], list[Any]]) -> Callable[..., list[Manifest]]:
-    """Render the chart like `helm template` and parse every manifest (duplicate keys fail)."""
-
-    def render_manifests(values: dict[str, Any] | None, **options: Any) -> list[Manifest]:
-        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True, **options)
-        manifests: list[Manifest] = []
-        for template, text in sorted(rendered.items()):
-            if template.endswith("NOTES.txt"):
-                continue
-            manifests.extend(load_yaml(text))
-        return manifests
-
-    return render_manifests
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,195 @@
+"""Test databases: a real PostgreSQL server, a migrated template, and a fresh database per test.
+
+The server is, in order: ``CORRELATION_TEST_DATABASE_URL`` (a URL whose user may create databases), the
+local server on 127.0.0.1:5432 (user postgres), or a throwaway server started from the PostgreSQL binaries
+(as the ``postgres`` user when running as root, since PostgreSQL refuses root). Each test gets its own
+database, cloned from a template that was migrated once per session (as procrastinate's conftest does).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from worker.config import DatabaseSettings
+from worker.store import Store, build_engine
+
+TEST_URL_ENV = "CORRELATION_TEST_DATABASE_URL"
+LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _reachable(url: str) -> bool:
+    try:
+        with psycopg.connect(_conninfo(url), connect_timeout=3, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ThrowawayServer:
+    """A PostgreSQL server in a temporary directory, for machines without one."""
+
+    def __init__(self) -> None:
+        candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb")) or [shutil.which("initdb") or ""]
+        initdb = candidates[-1]
+        if not initdb:
+            pytest.exit("no PostgreSQL server: set CORRELATION_TEST_DATABASE_URL or install postgresql", 2)
+        self.bin = Path(initdb).parent
+        self.dir = Path(tempfile.mkdtemp(prefix="cw-pg-"))
+        self.port = _free_port()
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            shutil.chown(self.dir, "postgres", "postgres")
+        data = self.dir / "data"
+        self._run([str(self.bin / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"])
+        self._run(
+            [
+                str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"), "-w", "start",
+                "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off",
+            ]
+        )
+        self.data = data
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, command: list[str]) -> None:
+        if self.as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True)
+
+    def stop(self) -> None:
+        self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"])
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A URL of a PostgreSQL server where the tests may create databases."""
+    configured = os.environ.get(TEST_URL_ENV)
+    if configured:
+        yield configured
+        return
+    if _reachable(LOCAL_URL):
+        yield LOCAL_URL
+        return
+    server = ThrowawayServer()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _admin(server_url: str, statement: str) -> None:
+    with psycopg.connect(_conninfo(server_url), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def _database_url(server_url: str, name: str) -> str:
+    return make_url(server_url).set(drivername="postgresql+psycopg", database=name).render_as_string(
+        hide_password=False
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server_url: str) -> Iterator[str]:
+    """A migrated database to clone per test."""
+    name = f"cw_template_{uuid.uuid4().hex[:10]}"
+    _admin(pg_server_url, f'CREATE DATABASE "{name}"')
+    store = Store(build_engine(DatabaseSettings(url=_database_url(pg_server_url, name))))
+    store.schema_migrate()
+    store.close()
+    try:
+        yield name
+    finally:
+        _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _fresh_pg_url(pg_server_url: str, template: str) -> tuple[str, str]:
+    name = f"cw_test_{uuid.uuid4().hex[:12]}"
+    for attempt in range(20):  # the template is briefly busy while another clone is made
+        try:
+            _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            break
+        except psycopg.errors.ObjectInUse:
+            time.sleep(0.05 * (attempt + 1))
+    return name, _database_url(pg_server_url, name)
+
+
+@pytest.fixture
+def pg_url(pg_server_url: str, pg_template: str) -> Iterator[str]:
+    """The URL of a fresh, migrated PostgreSQL database of this test's own."""
+    name, url = _fresh_pg_url(pg_server_url, pg_template)
+    try:
+        yield url
+    finally:
+        _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_pg_url(pg_server_url: str) -> Iterator[str]:
+    """The URL of a fresh PostgreSQL database with no schema."""
+    name = f"cw_empty_{uuid.uuid4().hex[:12]}"
+    _admin(pg_server_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield _database_url(pg_server_url, name)
+    finally:
+        _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """The URL of a fresh, migrated SQLite file."""
+    url = f"sqlite:///{tmp_path / 'correlation.db'}"
+    store = Store(build_engine(DatabaseSettings(url=url)))
+    store.schema_migrate()
+    store.close()
+    return url
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh migrated database, once on PostgreSQL and once on SQLite."""
+    fixture = "pg_url" if request.param == "postgresql" else "sqlite_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[Store]:
+    """A store on a fresh PostgreSQL database."""
+    store = Store(build_engine(DatabaseSettings(url=pg_url)))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def any_store(db_url: str) -> Iterator[Store]:
+    """A store on a fresh database, PostgreSQL and SQLite in turn."""
+    store = Store(build_engine(DatabaseSettings(url=db_url)))
+    try:
+        yield store
+    finally:
+        store.close()

@@ -1,0 +1,113 @@
+"""The schema refuses nonsense at insert time, with SQL, on PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.engine import Connection
+
+from worker.store import Store
+
+GOOD = {"name": "order.paid", "hint": "order-1", "payload": '{"amount": 3}'}
+
+
+@pytest.fixture
+def conn(any_store: Store) -> Iterator[Connection]:
+    with any_store.engine.connect() as connection:
+        yield connection
+
+
+def insert(conn: Connection, columns: str = "", values: str = "", **params: object) -> None:
+    row = {**GOOD, **params}
+    with conn.begin():
+        conn.execute(
+            text(
+                "INSERT INTO correlation_message (message_name, correlation_hint, payload"
+                f"{columns}) VALUES (:name, :hint, :payload{values})"
+            ),
+            row,
+        )
+
+
+def rejected(conn: Connection, constraint: str | None = None, **kwargs: object) -> str:
+    with pytest.raises((IntegrityError, DataError)) as info:
+        insert(conn, **kwargs)  # type: ignore[arg-type]
+    message = str(info.value.orig)
+    if constraint is not None:
+        assert constraint in message
+    return message
+
+
+def test_a_plain_insert_gets_every_worker_column_defaulted(conn: Connection) -> None:
+    insert(conn)
+    row = conn.execute(text("SELECT * FROM correlation_message")).mappings().one()
+    assert row["state"] == "ready"
+    assert row["attempt"] == 0 and row["reschedule_count"] == 0
+    assert row["next_attempt_at"] is None and row["last_error"] is None
+    assert row["created_at"] is not None
+    assert 0 <= row["slot"] < 64
+
+
+def test_empty_name_is_rejected(conn: Connection) -> None:
+    rejected(conn, "correlation_message_name_not_empty", name="")
+
+
+def test_empty_hint_is_rejected(conn: Connection) -> None:
+    rejected(conn, "correlation_message_hint_not_empty", hint="")
+
+
+def test_over_long_hint_is_rejected(conn: Connection) -> None:
+    rejected(conn, "correlation_message_hint_length", hint="x" * 256)
+
+
+def test_payload_that_is_not_json_is_rejected(conn: Connection) -> None:
+    message = rejected(conn, payload="{not json")
+    assert "json" in message.lower()
+
+
+def test_negative_time_to_live_is_rejected(any_store: Store, conn: Connection) -> None:
+    ttl = "interval '-5 seconds'" if any_store.dialect == "postgresql" else "-5"
+    rejected(conn, "correlation_message_ttl_not_negative", columns=", time_to_live", values=f", {ttl}")
+
+
+def test_expiry_before_creation_is_rejected(conn: Connection) -> None:
+    rejected(
+        conn,
+        "correlation_message_expires_after_created",
+        columns=", created_at, expires_at",
+        values=", '2030-01-02 00:00:00', '2030-01-01 00:00:00'",
+    )
+
+
+def test_duplicate_message_id_is_rejected_unless_on_conflict_do_nothing(conn: Connection) -> None:
+    insert(conn, columns=", message_id", values=", 'm-1'")
+    rejected(conn, columns=", message_id", values=", 'm-1'")
+    with conn.begin():
+        conn.execute(
+            text(
+                "INSERT INTO correlation_message (message_id, message_name, correlation_hint, payload) "
+                "VALUES ('m-1', 'order.paid', 'order-1', '{}') ON CONFLICT (message_id) DO NOTHING"
+            )
+        )
+    assert conn.execute(text("SELECT count(*) FROM correlation_message")).scalar_one() == 1
+
+
+def test_unknown_state_is_rejected(conn: Connection) -> None:
+    rejected(conn, "correlation_message_state_known", columns=", state", values=", 'done'")
+
+
+def test_slot_is_a_stable_function_of_the_hint_on_postgresql(store: Store) -> None:
+    with store.engine.begin() as connection:
+        for hint in ("a", "b", "a"):
+            connection.execute(
+                text("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', :h)"),
+                {"h": hint},
+            )
+        slots = connection.execute(
+            text("SELECT correlation_hint, slot FROM correlation_message ORDER BY id")
+        ).all()
+    assert slots[0].slot == slots[2].slot
+    assert all(0 <= row.slot < 64 for row in slots)

@@ -1,0 +1,84 @@
+"""What a correlator call means for its row: TTL, backoff, max retries, permanent errors, reschedules."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tests.unit.factories import T0, message, seconds
+from worker.config import Policy
+from worker.outcomes import HandlerTimeout, Kind, PermanentError, Reschedule, Retry, describe_exception, resolve
+
+POLL = seconds(6)
+EXAMPLE = Policy(
+    time_to_live=seconds(10), backoff_unit=seconds(60), backoff_base=2.0, backoff_cap=seconds(600), max_retries=5
+)
+
+
+def test_success_deletes_the_row() -> None:
+    assert resolve(message(1), None, Policy(), T0, POLL).kind is Kind.DELETE
+
+
+def test_worked_example_of_design_section_3() -> None:
+    row = message(1)
+    expected = [(6, Kind.BUFFER, 0, 12), (12, Kind.RETRY, 1, 72), (72, Kind.RETRY, 2, 192),
+                (192, Kind.RETRY, 3, 432), (432, Kind.RETRY, 4, 912), (912, Kind.DEAD, 5, None)]
+    for offset, kind, attempt, due in expected:
+        d = resolve(row, RuntimeError("no process waiting"), EXAMPLE, T0 + seconds(offset), POLL)
+        assert (d.kind, d.attempt) == (kind, attempt), offset
+        assert d.next_attempt_at == (None if due is None else T0 + seconds(due)), offset
+        if kind is Kind.BUFFER:
+            assert d.last_error is None
+        else:
+            assert d.last_error is not None and "no process waiting" in d.last_error
+        row = message(1, attempt=d.attempt, next_attempt_at=d.next_attempt_at, last_error=d.last_error)
+
+
+def test_rows_own_time_to_live_overrides_the_policy() -> None:
+    row = message(1, time_to_live=seconds(100))
+    assert resolve(row, Retry(), EXAMPLE, T0 + seconds(50), POLL).kind is Kind.BUFFER
+    assert resolve(message(1, time_to_live=seconds(0)), Retry(), EXAMPLE, T0 + seconds(1), POLL).kind is Kind.RETRY
+
+
+def test_max_retries_zero_makes_the_first_recorded_failure_final() -> None:
+    d = resolve(message(1), Retry(), Policy(max_retries=0), T0, POLL)
+    assert (d.kind, d.attempt) == (Kind.DEAD, 1)
+
+
+def test_unlimited_retries_never_die() -> None:
+    d = resolve(message(1, attempt=10**6), Retry(), Policy(max_retries=None), T0, POLL)
+    assert d.kind is Kind.RETRY and d.attempt == 10**6 + 1
+
+
+def test_permanent_error_is_dead_at_once_even_inside_the_time_to_live() -> None:
+    d = resolve(message(1), PermanentError("unknown order"), EXAMPLE, T0, POLL)
+    assert d.kind is Kind.DEAD and d.last_error is not None and "unknown order" in d.last_error
+
+
+def test_reschedule_does_not_count_an_attempt() -> None:
+    d = resolve(message(1, attempt=2, reschedule_count=4), Reschedule(delay=seconds(30)), EXAMPLE, T0, POLL)
+    assert (d.kind, d.attempt, d.reschedule_count) == (Kind.RESCHEDULE, 2, 5)
+    assert d.next_attempt_at == T0 + seconds(30)
+    default = resolve(message(1), Reschedule(), Policy(reschedule_delay=seconds(7)), T0, POLL)
+    assert default.next_attempt_at == T0 + seconds(7)
+
+
+def test_timeout_counts_as_retry_or_reschedule_as_configured() -> None:
+    assert resolve(message(1), HandlerTimeout(), Policy(), T0, POLL).kind is Kind.RETRY
+    as_reschedule = Policy(timeout_outcome="reschedule")  # type: ignore[arg-type]
+    assert resolve(message(1), HandlerTimeout(), as_reschedule, T0, POLL).kind is Kind.RESCHEDULE
+
+
+def test_error_text_is_bounded_and_starts_with_the_exception() -> None:
+    try:
+        raise ValueError("x" * 10_000)
+    except ValueError as error:
+        text = describe_exception(error, limit=500)
+    assert text.startswith("ValueError: xxx") and len(text) <= 500
+
+
+def test_backoff_delays_of_a_policy_with_full_jitter_stay_in_range() -> None:
+    policy = Policy(backoff_unit=seconds(3), backoff_cap=seconds(30), jitter="full")  # type: ignore[arg-type]
+    for attempt, upper in [(0, 6), (1, 12), (2, 24), (3, 30)]:
+        d = resolve(message(1, attempt=attempt), Retry(), policy, T0, POLL)
+        assert d.next_attempt_at is not None
+        assert seconds(3) <= d.next_attempt_at - T0 <= timedelta(seconds=upper)
