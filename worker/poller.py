@@ -253,9 +253,15 @@ class Poller:
                 with self._busy_lock:
                     self._busy_hints.add(run.batch.hint)
                 pending.discard(future)
-                # The stuck thread is lost to the pool; give the next pages a full set of threads.
-                self._executor.shutdown(wait=False)
-                self._executor = self._new_executor()
+                # The stuck thread is lost to the pool: give the batches not started yet, and the next pages,
+                # a fresh set of threads.
+                stuck_pool, self._executor = self._executor, self._new_executor()
+                for queued in [f for f in pending if f.cancel()]:
+                    pending.discard(queued)
+                    resubmitted = self._executor.submit(self._run_batch, futures[queued])
+                    futures[resubmitted] = futures.pop(queued)
+                    pending.add(resubmitted)
+                stuck_pool.shutdown(wait=False)
         self._running = []
         calls = [call for run in runs for call in run.calls]
         calls.sort(key=lambda call: call.message.id)

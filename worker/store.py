@@ -74,6 +74,10 @@ class LeaseLost(StoreError):
     """A fenced write found that this replica no longer holds the lease; nothing was written."""
 
 
+class InvalidLockName(StoreError, ValueError):
+    """A lock name (or holder) that the lock table cannot store as given; it is never truncated."""
+
+
 @dataclass(frozen=True, slots=True)
 class Fence:
     """A lease term: the lock name, its holder and the fence value of the acquisition."""
@@ -136,6 +140,7 @@ class NewMessage:
     message_id: str | None = None
     time_to_live: timedelta | None = None
     expires_at: datetime | None = None
+    created_at: datetime | None = None  # None: the database's now()
 
 
 MESSAGE_TYPES: dict[str, Any] = {
@@ -414,6 +419,8 @@ class Store:
             "time_to_live": message.time_to_live,
             "expires_at": message.expires_at,
         }
+        if message.created_at is not None:
+            values["created_at"] = message.created_at
 
         def work(connection: Connection) -> int | None:
             if message.message_id is not None:
