@@ -50,7 +50,7 @@ def _free_port() -> int:
 
 
 class ThrowawayServer:
-    """A PostgreSQL server in a temporary directory, for machines without one."""
+    """A PostgreSQL server in a temporary directory: for machines without one, and for tests that stop it."""
 
     def __init__(self) -> None:
         candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb")) or [shutil.which("initdb") or ""]
@@ -63,24 +63,35 @@ class ThrowawayServer:
         self.as_postgres = os.geteuid() == 0
         if self.as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
-        data = self.dir / "data"
-        self._run([str(self.bin / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"])
-        self._run(
-            [
-                str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"), "-w", "start",
-                "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off",
-            ]
-        )
-        self.data = data
+        self.data = self.dir / "data"
+        self._run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"])
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.start()
 
     def _run(self, command: list[str]) -> None:
         if self.as_postgres:
             command = ["runuser", "-u", "postgres", "--", *command]
         subprocess.run(command, check=True, capture_output=True)
 
-    def stop(self) -> None:
-        self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"])
+    def start(self) -> None:
+        """Start the server (again) on the same port and data."""
+        self._run(
+            [
+                str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start",
+                "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off",
+            ]
+        )
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server; ``immediate`` is a crash, ``fast`` a clean shutdown that ends sessions."""
+        self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"])
+
+    def destroy(self) -> None:
+        """Stop the server and remove its files."""
+        try:
+            self.stop("immediate")
+        except subprocess.CalledProcessError:
+            pass  # already stopped
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -98,7 +109,7 @@ def pg_server_url() -> Iterator[str]:
     try:
         yield server.url
     finally:
-        server.stop()
+        server.destroy()
 
 
 def _admin(server_url: str, statement: str) -> None:
@@ -156,6 +167,21 @@ def empty_pg_url(pg_server_url: str) -> Iterator[str]:
         yield _database_url(pg_server_url, name)
     finally:
         _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def private_pg() -> Iterator[tuple[ThrowawayServer, str]]:
+    """A PostgreSQL server of this test's own (which it may stop and start) and a migrated database URL."""
+    server = ThrowawayServer()
+    try:
+        _admin(server.url, "CREATE DATABASE correlation")
+        url = _database_url(server.url, "correlation")
+        store = Store(build_engine(DatabaseSettings(url=url)))
+        store.schema_migrate()
+        store.close()
+        yield server, url
+    finally:
+        server.destroy()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from worker.correlators import Router
 from worker.logs import configure_logging
 from worker.message import MessageState
 from worker.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
-from worker.worker import StartupError, Worker
+from worker.worker import StartupError, Worker, replica_identity
 
 
 def _fail(message: str) -> None:
@@ -74,9 +74,10 @@ def main() -> None:
 def run() -> None:
     """Run the worker until SIGTERM or SIGINT."""
     settings = _settings()
-    configure_logging(settings.log, settings.replica.name)
+    replica_id = replica_identity(settings.replica.name)
+    configure_logging(settings.log, replica_id)
     try:
-        worker = Worker(settings)
+        worker = Worker(settings, replica_id=replica_id)
         worker.install_signal_handlers()
         code = worker.run()
     except (ConfigError, StartupError, StoreError) as error:

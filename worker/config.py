@@ -231,6 +231,8 @@ class MetricsSettings(_Section):
     host: str = "0.0.0.0"
     port: int = Field(default=9464, ge=0, le=65535)
     enabled: bool = True
+    # How often one replica counts the table for the state gauges.
+    gauges_interval: Duration = timedelta(seconds=15)
 
 
 class LogSettings(_Section):

@@ -45,3 +45,5 @@ def configure_logging(settings: LogSettings, replica: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.level)
+    # Alembic announces its context on every revision check (each /readyz probe): keep only its warnings.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))

@@ -19,6 +19,7 @@ from worker.cleanup import Cleanup
 from worker.config import Settings, format_duration
 from worker.correlators import Router
 from worker.endpoint import Endpoint, Heartbeat
+from worker.gauges import Gauges
 from worker.metrics import Metrics
 from worker.poller import AllSlots, Poller
 from worker.schema import head_revision
@@ -42,9 +43,15 @@ def replica_identity(name: str) -> str:
 class Worker:
     """One replica: polls, correlates, cleans up and serves metrics until told to stop."""
 
-    def __init__(self, settings: Settings, store: Store | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store | None = None,
+        metrics: Metrics | None = None,
+        replica_id: str | None = None,
+    ) -> None:
         self.settings = settings
-        self.replica_id = replica_identity(settings.replica.name)
+        self.replica_id = replica_id or replica_identity(settings.replica.name)
         self.store = store or Store.from_settings(settings.database)
         self.metrics = metrics or Metrics()
         self.router = Router.from_settings(settings.correlators)
@@ -59,6 +66,7 @@ class Worker:
             tick=self.heartbeat.tick,
         )
         self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics)
+        self.gauges = Gauges(self.store, self.metrics)
         self.endpoint: Endpoint | None = None
         self._signals = 0
 
@@ -91,7 +99,7 @@ class Worker:
             except DatabaseUnavailable as error:
                 self.metrics.database_errors.inc()
                 logger.warning("%s; retrying in %.0fs", error, STARTUP_RETRY)
-                self._wait(STARTUP_RETRY)
+                self._wait(STARTUP_RETRY, self.heartbeat.tick)
         else:
             return
         head = head_revision()
@@ -138,18 +146,34 @@ class Worker:
             self.store.slot_count,
             self.router.describe(),
         )
-        cleanup = threading.Thread(
-            target=self._every,
-            args=("cleanup", self.settings.cleanup.initial_delay, self.settings.cleanup.interval, self._cleanup),
-            name="cleanup",
-            daemon=True,
-        )
-        cleanup.start()
+        background = [
+            threading.Thread(
+                target=self._every,
+                args=("cleanup", self.settings.cleanup.initial_delay, self.settings.cleanup.interval, self._cleanup),
+                name="cleanup",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._every,
+                args=("gauges", timedelta(0), metrics_settings.gauges_interval, self._gauges),
+                name="gauges",
+                daemon=True,
+            ),
+        ]
+        for thread in background:
+            thread.start()
         try:
-            self._every("poll", self.settings.poll.initial_delay, self.settings.poll.interval, self._poll)
+            self._every(
+                "poll",
+                self.settings.poll.initial_delay,
+                self.settings.poll.interval,
+                self._poll,
+                alive=self.heartbeat.tick,
+            )
         finally:
             self.poller.close()
-            cleanup.join(timeout=5)
+            for thread in background:
+                thread.join(timeout=5)
             self._close_endpoint()
             self.store.close()
             logger.info("replica %s stopped", self.replica_id)
@@ -162,10 +186,18 @@ class Worker:
 
     # -- loops ------------------------------------------------------------------------------------------------
 
-    def _every(self, name: str, initial_delay: timedelta, interval: timedelta, work: Callable[[], None]) -> None:
-        self._wait(initial_delay.total_seconds())
+    def _every(
+        self,
+        name: str,
+        initial_delay: timedelta,
+        interval: timedelta,
+        work: Callable[[], None],
+        alive: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Run ``work`` after the initial delay, then every interval, until stopped; ``alive`` is liveness."""
+        self._wait(initial_delay.total_seconds(), alive)
         while not self.stopping.is_set():
-            self.heartbeat.tick()
+            alive()
             try:
                 work()
             except DatabaseUnavailable as error:
@@ -173,15 +205,15 @@ class Worker:
                 logger.warning("%s: %s", name, error)
             except Exception:  # a bug must not kill the loop; it is logged and the loop goes on
                 logger.exception("%s failed", name)
-            self._wait(interval.total_seconds())
+            self._wait(interval.total_seconds(), alive)
 
-    def _wait(self, seconds: float) -> None:
+    def _wait(self, seconds: float, alive: Callable[[], None]) -> None:
         remaining = seconds
         while remaining > 0 and not self.stopping.is_set():
             step = min(HEARTBEAT_SLICE, remaining)
             self.stopping.wait(step)
             remaining -= step
-            self.heartbeat.tick()
+            alive()
 
     def _poll(self) -> None:
         result = self.poller.run_once()
@@ -192,6 +224,9 @@ class Worker:
                 result.pages,
                 ", ".join(f"{k}={v}" for k, v in sorted(result.outcomes.items())) or "none taken",
             )
+
+    def _gauges(self) -> None:
+        self.gauges.run_once()
 
     def _cleanup(self) -> None:
         result = self.cleanup.run_once()
