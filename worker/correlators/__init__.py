@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from worker.config import ConfigError
+from worker.correlators.http import HttpCorrelator
 from worker.correlators.log import LogCorrelator
 from worker.correlators.python import load_callable
 from worker.message import Message
@@ -32,7 +33,7 @@ class Router:
     def from_settings(cls, specs: Mapping[str, str | Mapping[str, Any]]) -> Router:
         """Build every route now; an unknown kind or an unimportable handler is a ConfigError."""
         routes = {name: _build(name, spec) for name, spec in specs.items()}
-        return cls(routes, {name: str(spec) for name, spec in specs.items()})
+        return cls(routes, {name: _describe(spec) for name, spec in specs.items()})
 
     def route(self, message_name: str) -> Correlator | None:
         """The correlator for this name, the fallback, or None when neither is configured."""
@@ -41,6 +42,13 @@ class Router:
     def describe(self) -> dict[str, str]:
         """The routes as text, for check-config and logs."""
         return dict(self._descriptions)
+
+
+def _describe(spec: str | Mapping[str, Any]) -> str:
+    if isinstance(spec, str):
+        return spec
+    shown = {k: v for k, v in spec.items() if k != "headers"}  # headers may carry credentials
+    return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
 def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
@@ -56,6 +64,9 @@ def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
         return LogCorrelator()
     if kind == "python":
         return load_callable(str(spec.get("handler", "")), setting)
+    if kind == "http":
+        return HttpCorrelator.from_spec(spec, setting)
     raise ConfigError(
-        f"invalid setting {setting}: unknown correlator type {kind!r}; use 'log' or 'module:function'"
+        f"invalid setting {setting}: unknown correlator type {kind!r}; use 'log', 'module:function' or "
+        '{"type": "http", "url": ...}'
     )

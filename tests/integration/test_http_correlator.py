@@ -1,0 +1,120 @@
+"""The http correlator against a real HTTP server on loopback: status codes to outcomes, Camunda 7 preset."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.unit.factories import message
+from worker.config import ConfigError
+from worker.correlators import Router
+from worker.correlators.http import HttpCorrelator
+from worker.outcomes import PermanentError, Retry
+
+
+class Target:
+    """A loopback HTTP server that answers with the next queued (status, body) and records requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.answers: list[tuple[int, str]] = []
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers["Content-Length"])
+                target.requests.append((self.path, json.loads(self.rfile.read(length))))
+                status, body = target.answers.pop(0) if target.answers else (204, "")
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    server = Target()
+    yield server
+    server.close()
+
+
+def test_2xx_is_success_and_the_message_is_posted_as_json(target: Target) -> None:
+    correlator = HttpCorrelator(target.url + "/inbox")
+    correlator(message(7, "order-1", payload={"amount": 3}, headers={"tenant": "acme"}))
+    path, body = target.requests[0]
+    assert path == "/inbox"
+    assert body["messageName"] == "order.paid" and body["correlationHint"] == "order-1"
+    assert body["payload"] == {"amount": 3} and body["headers"] == {"tenant": "acme"} and body["id"] == 7
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_5xx_and_throttling_are_retries(target: Target, status: int) -> None:
+    target.answers.append((status, "busy"))
+    with pytest.raises(Retry, match=str(status)):
+        HttpCorrelator(target.url)(message(1))
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_other_4xx_are_permanent(target: Target, status: int) -> None:
+    target.answers.append((status, "bad request"))
+    with pytest.raises(PermanentError, match=str(status)):
+        HttpCorrelator(target.url)(message(1))
+
+
+def test_connection_refused_is_a_retry(target: Target) -> None:
+    url = target.url
+    target.close()
+    with pytest.raises(Retry, match="failed"):
+        HttpCorrelator(url)(message(1))
+
+
+def test_camunda7_preset_posts_a_message_correlation_request(target: Target) -> None:
+    correlator = HttpCorrelator(target.url + "/engine-rest", preset="camunda7")
+    correlator(message(1, "order-9", payload={"paid": True}, headers={"correlationKeys": {"orderId": 9}}))
+    path, body = target.requests[0]
+    assert path == "/engine-rest/message"
+    assert body == {
+        "messageName": "order.paid",
+        "businessKey": "order-9",
+        "processVariables": {"paid": {"value": True}},
+        "correlationKeys": {"orderId": {"value": 9}},
+        "all": False,
+    }
+
+
+def test_camunda7_no_matching_execution_is_a_retry_other_400_is_permanent(target: Target) -> None:
+    correlator = HttpCorrelator(target.url, preset="camunda7")
+    target.answers.append(
+        (400, '{"type":"RestException","message":"Cannot correlate message \'order.paid\': '
+              'No process definition or execution matches the parameters"}')
+    )
+    with pytest.raises(Retry, match="not waiting|no process is waiting"):
+        correlator(message(1))
+    target.answers.append((400, '{"type":"InvalidRequestException","message":"Cannot deserialize variable"}'))
+    with pytest.raises(PermanentError):
+        correlator(message(1))
+
+
+def test_routes_build_http_correlators_and_refuse_bad_specs() -> None:
+    router = Router.from_settings({"*": {"type": "http", "url": "http://127.0.0.1:1/x", "timeout": "PT1S"}})
+    assert isinstance(router.route("any"), HttpCorrelator)
+    with pytest.raises(ConfigError, match=r"CORRELATION_CORRELATORS\[\*\].*url"):
+        Router.from_settings({"*": {"type": "http"}})
+    with pytest.raises(ConfigError, match="preset"):
+        Router.from_settings({"*": {"type": "http", "url": "http://x", "preset": "zeebe"}})

@@ -1,0 +1,123 @@
+"""The ``http`` correlator: POSTs each message as JSON to an endpoint (DESIGN.md §5).
+
+2xx is success; 5xx, timeouts and connection errors are retries; any other 4xx is permanent. The ``camunda7``
+preset speaks the message-correlation API of Camunda 7 / Operaton (``POST {url}/message``): its 400 "no process
+definition or execution matches" means the process is not waiting yet, which is a retry, not an error.
+
+Configured as::
+
+    {"*": {"type": "http", "url": "http://engine:8080/engine-rest", "preset": "camunda7", "timeout": "PT10S"}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import httpx
+
+from worker.config import ConfigError, parse_duration
+from worker.message import Message
+from worker.outcomes import PermanentError, Retry
+
+NOT_WAITING_MARKERS = ("no process definition or execution matches", "cannot correlate message")
+BODY_HEAD = 500
+
+
+def _plain(value: Any) -> Any:
+    """Read-only payload values back to JSON-ready ones."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def generic_body(message: Message) -> dict[str, Any]:
+    """The message as JSON: its ids, name, hint, payload, headers, times and attempt."""
+    return {
+        "id": message.id,
+        "messageId": message.message_id,
+        "messageName": message.name,
+        "correlationHint": message.hint,
+        "payload": _plain(message.payload),
+        "headers": _plain(message.headers),
+        "createdAt": message.created_at.isoformat(),
+        "attempt": message.attempt,
+    }
+
+
+def camunda7_body(message: Message) -> dict[str, Any]:
+    """A Camunda 7 / Operaton message-correlation request: the hint is the business key."""
+    payload = _plain(message.payload)
+    variables = payload if isinstance(payload, dict) else {"payload": payload}
+    body: dict[str, Any] = {
+        "messageName": message.name,
+        "businessKey": message.hint,
+        "processVariables": {name: {"value": value} for name, value in variables.items()},
+        "all": False,
+    }
+    keys = _plain(message.headers).get("correlationKeys")
+    if isinstance(keys, dict):
+        body["correlationKeys"] = {name: {"value": value} for name, value in keys.items()}
+    return body
+
+
+class HttpCorrelator:
+    """POSTs messages to one endpoint with a shared connection pool."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        preset: str | None = None,
+        timeout: timedelta = timedelta(seconds=10),
+        headers: Mapping[str, str] | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.preset = preset
+        self.url = url.rstrip("/") + "/message" if preset == "camunda7" else url
+        self.client = client or httpx.Client(timeout=timeout.total_seconds(), headers=dict(headers or {}))
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], setting: str) -> HttpCorrelator:
+        """Build from a route's JSON spec; a missing URL or unknown preset is a ConfigError."""
+        url = spec.get("url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"invalid setting {setting}: an http correlator needs a 'url' starting with http(s)://")
+        preset = spec.get("preset")
+        if preset not in (None, "camunda7"):
+            raise ConfigError(f"invalid setting {setting}: unknown preset {preset!r}; the known one is 'camunda7'")
+        try:
+            timeout = parse_duration(spec.get("timeout", "PT10S"))
+        except ValueError as error:
+            raise ConfigError(f"invalid setting {setting}: timeout {error}") from None
+        headers = spec.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise ConfigError(f"invalid setting {setting}: 'headers' must be an object")
+        return cls(url, preset=preset, timeout=timeout, headers={str(k): str(v) for k, v in headers.items()})
+
+    def __call__(self, message: Message) -> None:
+        """POST the message; raise Retry or PermanentError unless the answer is 2xx."""
+        body = camunda7_body(message) if self.preset == "camunda7" else generic_body(message)
+        try:
+            response = self.client.post(self.url, content=json.dumps(body), headers={"Content-Type": "application/json"})
+        except httpx.TimeoutException as error:
+            raise Retry(f"POST {self.url} timed out: {error}") from None
+        except httpx.TransportError as error:
+            raise Retry(f"POST {self.url} failed: {error}") from None
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        head = response.text[:BODY_HEAD]
+        if status >= 500 or status in (408, 429):
+            raise Retry(f"POST {self.url} answered {status}: {head}")
+        if self.preset == "camunda7" and status == 400 and any(m in head.lower() for m in NOT_WAITING_MARKERS):
+            raise Retry(f"no process is waiting for {message.name!r} with business key {message.hint!r} yet: {head}")
+        raise PermanentError(f"POST {self.url} answered {status}: {head}")
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.client.close()
