@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from worker.batching import Batch, CycleState, plan_batches
-from worker.config import Mode, PollSettings, Settings
+from worker.config import Mode, Policy, PollSettings, Settings
 from worker.correlators import Router
 from worker.message import Message
 from worker.metrics import Metrics
@@ -138,6 +139,7 @@ class Poller:
         self._busy_lock = threading.Lock()
         self._stopping = threading.Event()
         self._running: list[_BatchRun] = []
+        self._policies: dict[str, Policy] = {}  # effective policy by message name (the settings are frozen)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -203,13 +205,23 @@ class Poller:
             self.metrics.fenced_commits.inc()
             result.fenced_off += len(dispositions)
             return len(page), page[-1].id
-        for disposition, call in zip(dispositions, calls, strict=True):
-            result.count(disposition.outcome)
-            self.metrics.messages.labels(call.message.name, disposition.outcome).inc()
+        # Counted once per message name and outcome, not once per message: labels() costs more than inc().
+        pairs = zip(dispositions, calls, strict=True)
+        tally = Counter((call.message.name, disposition.outcome) for disposition, call in pairs)
+        for (name, outcome), n in tally.items():
+            result.count(outcome, n)
+            self.metrics.messages.labels(name, outcome).inc(n)
         return len(page), page[-1].id
 
+    def _policy(self, message_name: str) -> Policy:
+        """The effective policy of a message name, merged once (a merge copies the policy model)."""
+        policy = self._policies.get(message_name)
+        if policy is None:
+            policy = self._policies[message_name] = self.settings.policy_for(message_name)
+        return policy
+
     def _resolve(self, call: _Call, page_now: datetime) -> Disposition:
-        policy = self.settings.policy_for(call.message.name)
+        policy = self._policy(call.message.name)
         now = page_now + timedelta(seconds=call.elapsed)
         return resolve(call.message, call.error, policy, now, self.poll.interval)
 
@@ -235,6 +247,8 @@ class Poller:
                 for run in runs:
                     run.cancelled.set()
             for future in list(pending):
+                if future not in pending:  # cancelled and resubmitted after an earlier abandonment
+                    continue
                 run = futures[future]
                 with run.lock:
                     timed_out = run.current is not None and now >= run.current_deadline
@@ -244,7 +258,7 @@ class Poller:
                     run.abandoned = True
                     message = run.current
                     if timed_out and not out_of_grace:
-                        timeout = self.settings.policy_for(message.name).handler_timeout
+                        timeout = self._policy(message.name).handler_timeout
                         error = HandlerTimeout(f"the correlator did not return within {timeout}")
                         run.calls.append(_Call(message, error, now - page_started))
                     else:  # shutting down: leave the message as it was, to be delivered again
@@ -277,7 +291,7 @@ class Poller:
             for message in run.batch.messages:
                 if run.cancelled.is_set():
                     return
-                timeout = self.settings.policy_for(message.name).handler_timeout.total_seconds()
+                timeout = self._policy(message.name).handler_timeout.total_seconds()
                 with run.lock:
                     if run.abandoned:
                         return

@@ -1,0 +1,377 @@
+"""Named locks on the database clock: ShedLock's lock-provider behaviour, plus fencing.
+
+Ported from ShedLock's AbstractLockProviderIntegrationTest, AbstractExtensibleLockProviderIntegrationTest and
+FuzzTester. Expiry is awaited by polling the database clock with a deadline, with short terms.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import pytest
+
+from worker.outcomes import Disposition, Kind
+from worker.store import Fence, InvalidLockName, LeaseLost, LockRow, NewMessage, Store
+
+LONG = timedelta(minutes=5)
+SHORT = timedelta(milliseconds=200)
+DEADLINE = 10.0  # seconds; generous, only a guard against hanging
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        time.sleep(0.02)
+
+
+def row(store: Store, name: str) -> LockRow:
+    return next(r for r in store.locks_list() if r.name == name)
+
+
+def wait_past(store: Store, moment: datetime) -> None:
+    """Wait until the database clock has passed a moment."""
+    wait_until(lambda: store.now() > moment, f"the database clock passes {moment}")
+
+
+# -- ShedLock's lock provider ------------------------------------------------------------------------------
+
+
+def test_a_new_lock_is_created_held_and_release_frees_it(any_store: Store) -> None:
+    fence = any_store.lock_try_acquire("job", "a", LONG)
+    assert fence == Fence("job", "a", 1)
+    assert [r.name for r in any_store.locks_list_held()] == ["job"]
+    assert any_store.lock_release(fence)
+    assert any_store.locks_list_held() == []
+
+
+def test_a_held_lock_is_not_acquired_twice(any_store: Store) -> None:
+    assert any_store.lock_try_acquire("job", "a", LONG) is not None
+    assert any_store.lock_try_acquire("job", "b", LONG) is None
+    assert any_store.lock_try_acquire("job", "a", LONG) is None  # not even by its holder
+    assert row(any_store, "job").locked_by == "a"
+
+
+def test_two_names_are_independent(any_store: Store) -> None:
+    first = any_store.lock_try_acquire("job", "a", LONG)
+    second = any_store.lock_try_acquire("other-job", "b", LONG)
+    assert first is not None and second is not None
+    assert any_store.lock_release(first)
+    assert any_store.lock_try_acquire("other-job", "c", LONG) is None
+
+
+def test_a_lock_can_be_taken_again_right_after_release(any_store: Store) -> None:
+    for _ in range(10):
+        fence = any_store.lock_try_acquire("job", "a", LONG)
+        assert fence is not None
+        assert any_store.lock_try_acquire("job", "b", LONG) is None
+        assert any_store.lock_release(fence)
+
+
+def test_a_lock_expires_after_lock_at_most_for(any_store: Store) -> None:
+    first = any_store.lock_try_acquire("job", "a", SHORT)
+    assert first is not None
+    assert any_store.lock_try_acquire("job", "b", SHORT) is None
+    taken: list[Fence] = []
+
+    def taken_by_b() -> bool:
+        fence = any_store.lock_try_acquire("job", "b", LONG)
+        taken.extend([fence] if fence else [])
+        return fence is not None
+
+    wait_until(taken_by_b, "the first term expires")
+    assert taken == [Fence("job", "b", 2)]
+    assert row(any_store, "job").locked_at >= row(any_store, "job").lock_until - LONG
+
+
+def test_lock_at_least_for_keeps_a_released_lock_held_until_it_passes(any_store: Store) -> None:
+    fence = any_store.lock_try_acquire("job", "a", LONG)
+    assert fence is not None
+    assert any_store.lock_release(fence, lock_at_least_for=timedelta(milliseconds=300))
+    assert any_store.lock_try_acquire("job", "b", LONG) is None, "lock_at_least_for has not passed yet"
+    held_until = row(any_store, "job").lock_until
+    assert held_until == row(any_store, "job").locked_at + timedelta(milliseconds=300)
+    wait_past(any_store, held_until)
+    assert any_store.lock_try_acquire("job", "b", LONG) is not None
+
+
+def test_lock_at_least_for_already_passed_frees_the_lock_at_once(any_store: Store) -> None:
+    fence = any_store.lock_try_acquire("job", "a", LONG)
+    assert fence is not None
+    wait_past(any_store, row(any_store, "job").locked_at + timedelta(milliseconds=50))
+    assert any_store.lock_release(fence, lock_at_least_for=timedelta(milliseconds=50))
+    assert any_store.lock_try_acquire("job", "b", LONG) is not None
+
+
+def test_an_extended_lock_outlives_its_first_term(any_store: Store) -> None:
+    fence = any_store.lock_try_acquire("job", "a", SHORT)
+    assert fence is not None
+    first_term_end = row(any_store, "job").lock_until
+    for _ in range(3):
+        assert any_store.lock_extend(fence, timedelta(seconds=30))
+    assert row(any_store, "job").lock_until > first_term_end + timedelta(seconds=20)
+    wait_past(any_store, first_term_end)
+    assert any_store.lock_try_acquire("job", "b", LONG) is None
+    assert row(any_store, "job").fence == 1  # extending is not a new term
+    assert any_store.lock_release(fence)
+    assert any_store.lock_try_acquire("job", "b", LONG) is not None
+
+
+def test_a_released_lock_cannot_be_extended(any_store: Store) -> None:
+    fence = any_store.lock_try_acquire("job", "a", LONG)
+    assert fence is not None
+    assert any_store.lock_release(fence)
+    assert not any_store.lock_extend(fence, LONG)
+    assert not any_store.lock_release(fence)
+    assert any_store.locks_list_held() == []
+
+
+def test_an_expired_lock_cannot_be_extended(any_store: Store) -> None:
+    fence = any_store.lock_try_acquire("job", "a", SHORT)
+    assert fence is not None
+    wait_past(any_store, row(any_store, "job").lock_until)
+    assert not any_store.lock_extend(fence, LONG)
+    assert any_store.locks_list_held() == []
+    assert any_store.lock_try_acquire("job", "b", LONG) is not None
+
+
+def test_a_too_long_name_is_an_error_and_never_truncated(any_store: Store) -> None:
+    with pytest.raises(InvalidLockName, match="at most 64"):
+        any_store.lock_try_acquire("x" * 65, "a", LONG)
+    with pytest.raises(ValueError, match="at most 64"):
+        any_store.lock_try_acquire_many(["slot:1", "y" * 65], "a", LONG, 2)
+    assert any_store.locks_list() == []
+    assert any_store.lock_try_acquire("x" * 64, "a", LONG) is not None
+    with pytest.raises(InvalidLockName, match="empty"):
+        any_store.lock_try_acquire("", "a", LONG)
+    with pytest.raises(InvalidLockName, match="holder"):
+        any_store.lock_try_acquire("job", "h" * 256, LONG)
+
+
+def test_a_lock_duration_must_be_positive(any_store: Store) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        any_store.lock_try_acquire("job", "a", timedelta(0))
+
+
+# -- fencing -----------------------------------------------------------------------------------------------
+
+
+def test_the_fence_increases_on_every_acquisition(any_store: Store) -> None:
+    fences = []
+    for holder in ["a", "a", "b", "c", "a"]:
+        fence = any_store.lock_try_acquire("job", holder, LONG)
+        assert fence is not None
+        fences.append(fence.fence)
+        assert any_store.lock_release(fence)
+    assert fences == [1, 2, 3, 4, 5]
+    expiring = any_store.lock_try_acquire("job", "a", SHORT)
+    assert expiring is not None and expiring.fence == 6
+    wait_past(any_store, row(any_store, "job").lock_until)
+    taken = any_store.lock_try_acquire("job", "b", LONG)
+    assert taken is not None and taken.fence == 7
+
+
+def test_an_old_term_can_neither_renew_nor_release_the_new_one(any_store: Store) -> None:
+    old = any_store.lock_try_acquire("job", "a", SHORT)
+    assert old is not None
+    wait_past(any_store, row(any_store, "job").lock_until)
+    new = any_store.lock_try_acquire("job", "a", LONG)  # the same holder, a new term
+    assert new is not None and new.fence == old.fence + 1
+    assert not any_store.lock_extend(old, LONG)
+    assert not any_store.lock_release(old)
+    assert any_store.lock_try_acquire("job", "b", LONG) is None
+    assert any_store.lock_extend(new, LONG)
+
+
+def _one_message(store: Store) -> int:
+    message_id = store.messages_insert(NewMessage("order.paid", "order-1"))
+    assert message_id is not None
+    return message_id
+
+
+def test_a_commit_with_the_current_fence_is_written(any_store: Store) -> None:
+    message_id = _one_message(any_store)
+    fence = any_store.lock_try_acquire("slot:0", "a", LONG)
+    assert fence is not None
+    any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [fence])
+    assert any_store.messages_get(message_id) is None
+
+
+def test_a_commit_with_a_taken_over_fence_raises_lease_lost_and_writes_nothing(any_store: Store) -> None:
+    message_id = _one_message(any_store)
+    old = any_store.lock_try_acquire("slot:0", "a", SHORT)
+    assert old is not None
+    wait_past(any_store, row(any_store, "slot:0").lock_until)
+    assert any_store.lock_try_acquire("slot:0", "b", LONG) is not None
+    with pytest.raises(LeaseLost, match="slot:0"):
+        any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [old])
+    assert any_store.messages_get(message_id) is not None
+
+
+def test_a_commit_after_the_term_ended_raises_lease_lost_even_if_no_one_took_over(any_store: Store) -> None:
+    message_id = _one_message(any_store)
+    fence = any_store.lock_try_acquire("slot:0", "a", SHORT)
+    assert fence is not None
+    wait_past(any_store, row(any_store, "slot:0").lock_until)
+    with pytest.raises(LeaseLost):
+        any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [fence])
+    assert any_store.messages_get(message_id) is not None
+
+
+def test_a_commit_after_release_raises_lease_lost(any_store: Store) -> None:
+    message_id = _one_message(any_store)
+    fence = any_store.lock_try_acquire("slot:0", "a", LONG)
+    assert fence is not None
+    assert any_store.lock_release(fence)
+    with pytest.raises(LeaseLost):
+        any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [fence])
+    assert any_store.messages_get(message_id) is not None
+
+
+def test_a_fenced_commit_holds_off_a_takeover_until_it_commits(store: Store) -> None:
+    """The fence check locks the lease row: a replica taking the slot over waits for the commit."""
+    fence = store.lock_try_acquire("slot:0", "a", timedelta(seconds=1))
+    assert fence is not None
+    with store.engine.begin() as connection:
+        store._fence_check(connection, fence)
+        wait_past(store, row(store, "slot:0").lock_until)  # the term ends while the transaction runs
+        outcome: list[Fence | None] = []
+        taker = threading.Thread(target=lambda: outcome.append(store.lock_try_acquire("slot:0", "b", LONG)))
+        taker.start()
+        taker.join(timeout=0.5)
+        assert taker.is_alive(), "the takeover should wait for the fenced transaction"
+    taker.join(timeout=DEADLINE)
+    assert outcome == [Fence("slot:0", "b", 2)]
+
+
+# -- many at once (slots) ---------------------------------------------------------------------------------
+
+SLOTS = [f"slot:{n}" for n in range(64)]
+
+
+def test_acquire_many_creates_the_rows_and_takes_up_to_the_limit(any_store: Store) -> None:
+    taken = any_store.lock_try_acquire_many(SLOTS, "a", LONG, 10)
+    assert len(taken) == 10
+    assert all(f.holder == "a" and f.fence == 1 for f in taken)
+    assert len(any_store.locks_list()) == 64
+    assert len(any_store.locks_list_held()) == 10
+    rest = any_store.lock_try_acquire_many(SLOTS, "b", LONG, 100)
+    assert len(rest) == 54
+    assert not {f.name for f in taken} & {f.name for f in rest}
+    assert any_store.lock_try_acquire_many(SLOTS, "c", LONG, 100) == []
+
+
+def test_acquire_many_takes_expired_and_released_slots_with_a_new_fence(any_store: Store) -> None:
+    expiring = any_store.lock_try_acquire_many(SLOTS[:2], "a", SHORT, 2)
+    released = any_store.lock_try_acquire_many(SLOTS[2:4], "a", LONG, 2)
+    for fence in released:
+        assert any_store.lock_release(fence)
+    wait_past(any_store, max(row(any_store, f.name).lock_until for f in expiring))
+    again = any_store.lock_try_acquire_many(SLOTS[:4], "b", LONG, 4)
+    assert [(f.name, f.fence) for f in again] == [(name, 2) for name in sorted(SLOTS[:4])]
+
+
+def test_acquire_many_with_nothing_asked_does_nothing(any_store: Store) -> None:
+    assert any_store.lock_try_acquire_many([], "a", LONG, 5) == []
+    assert any_store.lock_try_acquire_many(SLOTS, "a", LONG, 0) == []
+    assert any_store.locks_list() == []
+
+
+def test_concurrent_acquirers_never_take_the_same_slot(store: Store) -> None:
+    holders = [f"replica-{n}" for n in range(6)]
+    start = threading.Barrier(len(holders))
+    taken: dict[str, list[Fence]] = {}
+
+    def acquire(holder: str) -> None:
+        start.wait()
+        taken[holder] = store.lock_try_acquire_many(SLOTS, holder, LONG, 20)
+
+    threads = [threading.Thread(target=acquire, args=(holder,)) for holder in holders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=DEADLINE)
+    names = [fence.name for fences in taken.values() for fence in fences]
+    assert len(taken) == len(holders)
+    assert sorted(names) == sorted(SLOTS)  # 6 x 20 asked for 64: every slot once, none twice
+    for holder, fences in taken.items():
+        assert all(row(store, f.name).locked_by == holder for f in fences)
+
+
+def test_extend_many_renews_only_the_terms_still_held(any_store: Store) -> None:
+    kept = any_store.lock_try_acquire_many(SLOTS[:3], "a", LONG, 3)
+    expired = any_store.lock_try_acquire_many(SLOTS[3:5], "a", SHORT, 2)
+    wait_past(any_store, max(row(any_store, f.name).lock_until for f in expired))
+    taken_over = any_store.lock_try_acquire(SLOTS[3], "b", LONG)
+    assert taken_over is not None
+    assert set(any_store.lock_extend_many(kept + expired, LONG)) == set(kept)
+    assert row(any_store, SLOTS[3]).locked_by == "b"
+
+
+def test_held_rows_are_those_whose_term_still_runs(any_store: Store) -> None:
+    any_store.lock_try_acquire_many(SLOTS[:4], "a", LONG, 2)
+    expiring = any_store.lock_try_acquire("member:x", "x", SHORT)
+    assert expiring is not None
+    assert len(any_store.locks_list_held()) == 3
+    wait_past(any_store, row(any_store, "member:x").lock_until)
+    assert {r.locked_by for r in any_store.locks_list_held()} == {"a"}
+
+
+def test_delete_expired_removes_only_long_expired_rows_of_the_prefix(any_store: Store) -> None:
+    assert any_store.lock_try_acquire("member:old", "x", SHORT) is not None
+    assert any_store.lock_try_acquire("member:live", "y", LONG) is not None
+    assert any_store.lock_try_acquire("cleanup", "z", SHORT) is not None
+    assert any_store.locks_delete_expired("member:", timedelta(seconds=60)) == 0
+    wait_past(any_store, row(any_store, "member:old").lock_until + timedelta(milliseconds=100))
+    assert any_store.locks_delete_expired("member:", timedelta(milliseconds=50)) == 1
+    assert [r.name for r in any_store.locks_list()] == ["cleanup", "member:live"]
+    with pytest.raises(ValueError, match="prefix"):
+        any_store.locks_delete_expired("", timedelta(0))  # never every row: slot rows carry fences
+
+
+# -- ShedLock's fuzz test ---------------------------------------------------------------------------------
+
+THREADS = 8
+ITERATIONS = 100
+SHORT_ITERATIONS = 10
+
+
+def test_fuzz_threads_incrementing_counters_under_two_locks_lose_no_update(store: Store) -> None:
+    counters = {"lock1": 0, "lock2": 0}
+    errors: list[BaseException] = []
+
+    def task(number: int, name: str, iterations: int) -> None:
+        holder = f"thread-{number}"
+        try:
+            done = 0
+            while done < iterations:
+                fence = store.lock_try_acquire(name, holder, LONG)
+                if fence is None:
+                    continue
+                value = counters[name]  # an unguarded read-modify-write: only the lock protects it
+                time.sleep(0.001)
+                counters[name] = value + 1
+                assert store.lock_release(fence, lock_at_least_for=timedelta(milliseconds=5))
+                done += 1
+        except BaseException as error:  # surfaced below
+            errors.append(error)
+
+    threads = [
+        threading.Thread(
+            target=task,
+            args=(n, "lock1" if n % 2 == 0 else "lock2", SHORT_ITERATIONS if n == 0 else ITERATIONS),
+        )
+        for n in range(THREADS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert counters["lock1"] == (THREADS // 2 - 1) * ITERATIONS + SHORT_ITERATIONS == 310
+    assert counters["lock2"] == THREADS // 2 * ITERATIONS == 400
+    assert row(store, "lock1").fence == 310 and row(store, "lock2").fence == 400

@@ -1,0 +1,419 @@
+"""Slot leases: which replica polls which slot, and how a replica that lost one is kept from writing.
+
+Every message has a slot, ``hash(correlation_hint) mod S``. A replica polls only the slots it leases, so a
+hint belongs to exactly one replica at a time. A slot is leased through the row ``slot:<n>`` of
+``correlation_lock``; its term is ``(locked_by, fence)`` and it ends at ``lock_until``, a time of the
+database clock (every statement reads ``now()`` itself, so replicas with skewed clocks still agree)::
+
+               acquire: fence n, lock_until = now() + lease
+    +------+  ---------------------------------------------->  +--------------------+ --+ renew: lock_until
+    | free |                                                   | held by R, fence n |   | = now() + lease,
+    +------+  <----------------------------------------------  +--------------------+ <-+ before it passes
+                release: surplus handed back, or SIGTERM           |            ^
+                (only by R, with fence n)                          |            |
+                                                                   |            | acquired by any
+                       lock_until passes without renewal           |            | replica R': held by
+                       (R frozen, crashed or cut off)              v            | R', fence n + 1
+                                                              +---------+       |
+                                                              | expired | ------+
+                                                              +---------+
+
+Every acquisition increments the fence, so a term is never confused with an earlier or later one, even by
+the same replica. Renewal and release happen only ``WHERE locked_by = me AND fence = my fence``.
+
+**Why a commit is fenced.** A replica can stop between reading a page and writing its results (a long
+garbage collection, a frozen VM, a lost network). Meanwhile its lease expires, another replica takes the
+slot with fence n + 1 and correlates the same messages. When the first one wakes up it must not write its
+stale results over the new owner's. So :meth:`worker.store.Store.messages_record_results` first locks the
+slot's row (``SELECT … FOR UPDATE``) and checks, in the same transaction as the writes, that holder and
+fence are unchanged and the term still runs; otherwise it writes nothing and raises
+:class:`~worker.store.LeaseLost`. Holding the row lock until commit means nobody can take the slot over in
+between.
+
+**Stop acting before lock_until.** Fencing protects the table, not the correlation target: a call already
+made cannot be taken back. So a replica stops *starting* work on a slot a safety margin before its term can
+end: each lease keeps a local monotonic deadline, ``time the renewal was sent + lease - safety margin``
+(the database granted the term after the request was sent, so this is never later than ``lock_until``), and
+:meth:`SlotLeaser.slots` leaves out a slot past it. Renewals come at most every third of the lease, so two
+can fail before a term ends.
+
+**Balance.** Each replica aims for its fair share of S among the live replicas (those holding a slot or a
+``member:`` row, which every replica renews with its slots so that one with no slot yet is counted):
+``floor(S / n)``, plus one for the ``S mod n`` replicas that hold the most. A short replica takes free or
+expired slots; a replica above its share hands back its surplus only while another one is short, never
+going below its share (:func:`balance`, pure). A handed-back slot is first withheld from the poller for a
+short drain period, so that a page in flight can still commit, and released after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from worker.metrics import Metrics
+from worker.store import Fence, LeaseLost, LockRow, Store, StoreError
+
+logger = logging.getLogger(__name__)
+
+SLOT_PREFIX = "slot:"
+MEMBER_PREFIX = "member:"
+
+DEFAULT_LEASE = timedelta(seconds=30)
+DEFAULT_RENEW_INTERVAL = timedelta(seconds=10)  # at most a third of the lease
+DEFAULT_SAFETY_MARGIN = timedelta(seconds=5)  # stop offering a slot this long before its term can end
+DEFAULT_DRAIN = timedelta(seconds=5)  # a handed-back slot is withheld from the poller this long first
+
+
+def slot_lock_name(slot: int) -> str:
+    """The lock row of a slot: ``slot:<n>``."""
+    return f"{SLOT_PREFIX}{slot}"
+
+
+def slot_of(lock_name: str) -> int | None:
+    """The slot a lock row leases, or None for any other row."""
+    if not lock_name.startswith(SLOT_PREFIX):
+        return None
+    number = lock_name.removeprefix(SLOT_PREFIX)
+    return int(number) if number.isdigit() else None
+
+
+def member_lock_name(holder: str) -> str:
+    """A replica's membership row; a digest of the holder, since holders may be longer than a lock name."""
+    return MEMBER_PREFIX + hashlib.blake2b(holder.encode(), digest_size=12).hexdigest()
+
+
+def _seconds(duration: timedelta) -> str:
+    return f"{duration.total_seconds():g}s"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLeaseConfig:
+    """How long a slot lease lasts and how it is kept; validated at construction.
+
+    ``lease``: the term granted by each acquisition or renewal. ``renew_interval``: how often
+    :meth:`SlotLeaser.run_once` should run (at most a third of the lease). ``safety_margin``: how long before
+    a term can end the slot stops being offered to the poller. ``drain``: how long a handed-back slot is
+    withheld from the poller before it is released.
+    """
+
+    lease: timedelta = DEFAULT_LEASE
+    renew_interval: timedelta = DEFAULT_RENEW_INTERVAL
+    safety_margin: timedelta = DEFAULT_SAFETY_MARGIN
+    drain: timedelta = DEFAULT_DRAIN
+
+    def __post_init__(self) -> None:
+        if self.lease <= timedelta(0):
+            raise ValueError(f"the slot lease must be positive, not {_seconds(self.lease)}")
+        if self.renew_interval <= timedelta(0) or self.renew_interval * 3 > self.lease:
+            raise ValueError(
+                f"the lease renew interval {_seconds(self.renew_interval)} must be positive and at most a "
+                f"third of the lease {_seconds(self.lease)}, so that two renewals can fail before a term ends"
+            )
+        if self.safety_margin < timedelta(0) or self.safety_margin >= self.lease - self.renew_interval:
+            raise ValueError(
+                f"the lease safety margin {_seconds(self.safety_margin)} must be zero or more and less than "
+                f"the lease minus the renew interval ({_seconds(self.lease - self.renew_interval)}), or "
+                "slots would stop being offered between two renewals"
+            )
+        if self.drain < timedelta(0) or self.drain >= self.lease:
+            raise ValueError(
+                f"the lease drain {_seconds(self.drain)} must be zero or more and shorter than the lease "
+                f"{_seconds(self.lease)}"
+            )
+
+
+# -- balancing (pure) ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """What one replica should do this round: its share, how many slots to take, which to hand back."""
+
+    target: int
+    acquire: int
+    hand_back: tuple[int, ...]
+
+
+def fair_shares(slot_count: int, holdings: Mapping[str, int]) -> dict[str, int]:
+    """Each live replica's share of the slots: ``floor(S / n)``, one more for the ``S mod n`` holding most.
+
+    ``holdings`` maps every live replica to how many slots it holds now. Ties go by name, so that every
+    replica computes the same shares from the same view; favouring those holding most moves fewest slots.
+    """
+    if not holdings:
+        return {}
+    base, extra = divmod(slot_count, len(holdings))
+    ranked = sorted(holdings, key=lambda replica: (-holdings[replica], replica))
+    return {replica: base + (1 if rank < extra else 0) for rank, replica in enumerate(ranked)}
+
+
+def balance(slot_count: int, me: str, mine: Sequence[int], others: Mapping[str, int]) -> Balance:
+    """This replica's move: take slots up to its share, or hand back surplus that a short replica needs.
+
+    ``mine``: the slots this replica holds; ``others``: every other live replica and how many slots it
+    holds (zero for one that only renews its membership). Surplus is handed back only while the other
+    replicas' shortfall exceeds the free slots (which they can take themselves), never below the share;
+    the highest-numbered slots go first.
+    """
+    holdings = {**others, me: len(mine)}
+    shares = fair_shares(slot_count, holdings)
+    target = shares[me]
+    if len(mine) <= target:
+        return Balance(target, target - len(mine), ())
+    shortfall = sum(max(0, shares[replica] - held) for replica, held in holdings.items() if replica != me)
+    free = max(0, slot_count - sum(holdings.values()))
+    give = min(len(mine) - target, max(0, shortfall - free))
+    ordered = sorted(mine)
+    return Balance(target, 0, tuple(ordered[len(ordered) - give :]))
+
+
+# -- the service ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRound:
+    """What one round did, and where it left this replica."""
+
+    held: int  # slots leased after the round (including ones being handed back)
+    target: int  # this replica's fair share
+    replicas: int  # live replicas seen, this one included
+    acquired: int = 0  # new terms (fences) taken this round
+    renewed: int = 0
+    lost: int = 0  # terms found expired or taken over when renewing
+    released: int = 0  # handed back to the table
+
+
+@dataclass(slots=True)
+class _Lease:
+    slot: int
+    fence: Fence
+    safe_until: float  # monotonic seconds: stop offering the slot after this
+    draining_since: float | None = None  # monotonic seconds: withheld from the poller, to be released
+
+
+class SlotLeaser:
+    """Leases this replica's share of the slots and keeps it; the poller's :class:`SlotSource`.
+
+    Call :meth:`run_once` every ``config.renew_interval`` from one thread (a round acquires, renews, hands
+    back); the poller calls :meth:`slots` and :meth:`fences` from another. On shutdown, stop polling, then
+    call :meth:`release_all` so that the other replicas take the slots over at their next round.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        holder: str,
+        config: SlotLeaseConfig | None = None,
+        metrics: Metrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.holder = holder
+        self.config = config or SlotLeaseConfig()
+        self.metrics = metrics or Metrics()
+        self.slot_count = store.slot_count
+        self._monotonic = monotonic
+        self._lease_s = self.config.lease.total_seconds()
+        self._safe_for = (self.config.lease - self.config.safety_margin).total_seconds()
+        self._leases: dict[int, _Lease] = {}
+        self._state = threading.Lock()  # guards _leases: the poller reads while a round writes
+        self._round = threading.Lock()  # one round (or release_all) at a time
+        self._member: Fence | None = None
+        self._stopped = False
+
+    # -- the poller's view (SlotSource) ---------------------------------------------------------------------
+
+    def slots(self) -> Sequence[int]:
+        """The slots held and still safe to act on (before the local deadline, not being handed back)."""
+        now = self._monotonic()
+        with self._state:
+            return tuple(
+                sorted(
+                    lease.slot
+                    for lease in self._leases.values()
+                    if lease.draining_since is None and now < lease.safe_until
+                )
+            )
+
+    def fences(self, slot: int) -> Sequence[Fence]:
+        """The term a commit of this slot's results must still hold; LeaseLost if the slot is not leased.
+
+        A slot past its local deadline or being handed back still has its term: the database decides at
+        commit whether it still runs.
+        """
+        with self._state:
+            lease = self._leases.get(slot)
+        if lease is None:
+            raise LeaseLost(f"slot {slot} is not leased by {self.holder}")
+        return (lease.fence,)
+
+    # -- rounds -------------------------------------------------------------------------------------------
+
+    def run_once(self) -> LeaseRound:
+        """One round: renew the held slots, keep membership, take the fair share, hand back surplus.
+
+        Raises :class:`~worker.store.DatabaseUnavailable` when the database cannot be reached; leases not
+        renewed meanwhile stop being offered at their local deadline.
+        """
+        with self._round:
+            if self._stopped:
+                return LeaseRound(held=0, target=0, replicas=0)
+            renewed, lost = self._renew()
+            self._keep_membership()
+            released = self._release_drained()
+            others, untracked = self._view(self.store.locks_list_held())
+            acquired = self._adopt(untracked)
+            plan = balance(self.slot_count, self.holder, self._kept_slots(), others)
+            acquired += self._acquire(plan.acquire)
+            self._start_draining(plan.hand_back)
+            released += self._release_drained()
+            with self._state:
+                held = len(self._leases)
+            self.metrics.slots_held.set(held)
+            result = LeaseRound(held, plan.target, len(others) + 1, acquired, renewed, lost, released)
+        if acquired or lost or released:
+            logger.info(
+                "slot leases: %d held (share %d of %d, %d replicas), %d acquired, %d lost, %d handed back",
+                result.held, result.target, self.slot_count, result.replicas, acquired, lost, released,
+            )
+        return result
+
+    def release_all(self) -> int:
+        """Give every slot (and the membership) back at once, for shutdown; returns how many slots.
+
+        Later rounds do nothing. Database errors are logged, not raised: unreleased terms simply expire.
+        """
+        with self._round:
+            self._stopped = True
+            with self._state:
+                leases = sorted(self._leases.values(), key=lambda lease: lease.slot)
+                self._leases.clear()
+            self.metrics.slots_held.set(0)
+            member, self._member = self._member, None
+            released = 0
+            try:
+                for lease in leases:
+                    released += self.store.lock_release(lease.fence)
+                if member is not None:
+                    self.store.lock_release(member)
+            except StoreError as error:
+                logger.warning("slot leases not released, they expire on their own: %s", error)
+            return released
+
+    # -- the steps of a round -------------------------------------------------------------------------------
+
+    def _kept_slots(self) -> list[int]:
+        with self._state:
+            return sorted(lease.slot for lease in self._leases.values() if lease.draining_since is None)
+
+    def _renew(self) -> tuple[int, int]:
+        with self._state:
+            fences = [lease.fence for lease in self._leases.values()]
+        if not fences:
+            return 0, 0
+        sent = self._monotonic()
+        kept = set(self.store.lock_extend_many(fences, self.config.lease))
+        lost: list[int] = []
+        with self._state:
+            for lease in list(self._leases.values()):
+                if lease.fence in kept:
+                    lease.safe_until = sent + self._safe_for
+                else:
+                    lost.append(lease.slot)
+                    del self._leases[lease.slot]
+        if lost:
+            self.metrics.lease_losses.inc(len(lost))
+            logger.warning("lost the lease of slots %s (expired or taken over)", lost)
+        return len(kept), len(lost)
+
+    def _keep_membership(self) -> None:
+        if self._member is not None and self.store.lock_extend(self._member, self.config.lease):
+            return
+        name = member_lock_name(self.holder)
+        self._member = self.store.lock_try_acquire(name, self.holder, self.config.lease)
+        if self._member is not None:
+            # (Re)joining: forget replicas that died long ago, so that their rows do not pile up.
+            self.store.locks_delete_expired(MEMBER_PREFIX, self.config.lease)
+
+    def _view(self, rows: Sequence[LockRow]) -> tuple[dict[str, int], list[LockRow]]:
+        """The other live replicas with their slot counts, and slot rows of mine this leaser lost track of."""
+        others: dict[str, int] = {}
+        untracked: list[LockRow] = []
+        with self._state:
+            tracked = set(self._leases)
+        for row in rows:
+            if not row.locked_by:
+                continue
+            slot = slot_of(row.name)
+            if slot is not None and slot < self.slot_count:
+                if row.locked_by == self.holder:
+                    if slot not in tracked:
+                        untracked.append(row)
+                else:
+                    others[row.locked_by] = others.get(row.locked_by, 0) + 1
+            elif row.name.startswith(MEMBER_PREFIX) and row.locked_by != self.holder:
+                others.setdefault(row.locked_by, 0)
+        return others, untracked
+
+    def _adopt(self, rows: Sequence[LockRow]) -> int:
+        """Take back terms this replica holds but does not know of (a commit whose reply was lost)."""
+        if not rows:
+            return 0
+        sent = self._monotonic()
+        fences = [Fence(row.name, self.holder, row.fence) for row in rows]
+        adopted = self.store.lock_extend_many(fences, self.config.lease)
+        self._track(adopted, sent)
+        return len(adopted)
+
+    def _acquire(self, wanted: int) -> int:
+        if wanted <= 0:
+            return 0
+        with self._state:  # slots being handed back are the cheapest to take: they are still held
+            for lease in self._leases.values():
+                if wanted and lease.draining_since is not None:
+                    lease.draining_since = None
+                    wanted -= 1
+            held = set(self._leases)
+        if not wanted:
+            return 0
+        names = [slot_lock_name(slot) for slot in range(self.slot_count) if slot not in held]
+        sent = self._monotonic()
+        fences = self.store.lock_try_acquire_many(names, self.holder, self.config.lease, wanted)
+        self._track(fences, sent)
+        return len(fences)
+
+    def _track(self, fences: Sequence[Fence], sent: float) -> None:
+        with self._state:
+            for fence in fences:
+                slot = slot_of(fence.name)
+                assert slot is not None
+                self._leases[slot] = _Lease(slot, fence, sent + self._safe_for)
+        self.metrics.lease_acquisitions.inc(len(fences))
+
+    def _start_draining(self, slots: Sequence[int]) -> None:
+        now = self._monotonic()
+        with self._state:
+            for slot in slots:
+                lease = self._leases.get(slot)
+                if lease is not None and lease.draining_since is None:
+                    lease.draining_since = now
+
+    def _release_drained(self) -> int:
+        now = self._monotonic()
+        drain = self.config.drain.total_seconds()
+        with self._state:
+            due = [
+                lease
+                for lease in self._leases.values()
+                if lease.draining_since is not None and now - lease.draining_since >= drain
+            ]
+            for lease in due:
+                del self._leases[lease.slot]
+        for lease in due:
+            self.store.lock_release(lease.fence)
+        return len(due)
