@@ -253,6 +253,21 @@ class ReplicaSettings(_Section):
     name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
 
 
+class LeaseSettings(_Section):
+    """Slot leases on PostgreSQL: how long a term lasts and how it is kept (DESIGN.md §4).
+
+    A crashed replica's slots are taken over within ``duration + renew_interval``.
+    """
+
+    duration: Duration = timedelta(seconds=30)
+    # At most a third of the duration, so that two renewals can fail before a term ends.
+    renew_interval: Duration = timedelta(seconds=10)
+    # A slot stops being polled this long before its term could end.
+    safety_margin: Duration = timedelta(seconds=5)
+    # A slot handed back to balance the cluster is withheld this long before release (a page may be in flight).
+    drain: Duration = timedelta(seconds=5)
+
+
 class ShutdownSettings(_Section):
     """How long SIGTERM waits for the current message before abandoning it."""
 
@@ -278,6 +293,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     log: LogSettings = LogSettings()
     replica: ReplicaSettings = ReplicaSettings()
+    lease: LeaseSettings = LeaseSettings()
     shutdown: ShutdownSettings = ShutdownSettings()
 
     @field_validator("correlators")

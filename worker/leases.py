@@ -225,6 +225,8 @@ class SlotLeaser:
         self._round = threading.Lock()  # one round (or release_all) at a time
         self._member: Fence | None = None
         self._stopped = False
+        # Messages a previous holder of a slot handed out without recording them: delivered again here.
+        self._inherited: dict[int, set[int]] = {}
 
     # -- the poller's view (SlotSource) ---------------------------------------------------------------------
 
@@ -251,6 +253,18 @@ class SlotLeaser:
         if lease is None:
             raise LeaseLost(f"slot {slot} is not leased by {self.holder}")
         return (lease.fence,)
+
+    def redelivered(self, slot: int, message_ids: Sequence[int]) -> int:
+        """How many of these messages the slot's previous holder had in flight when it lost the slot."""
+        with self._state:
+            inherited = self._inherited.get(slot)
+            if not inherited:
+                return 0
+            again = inherited.intersection(message_ids)
+            inherited.difference_update(again)
+            if not inherited:
+                del self._inherited[slot]
+        return len(again)
 
     # -- rounds -------------------------------------------------------------------------------------------
 
@@ -385,6 +399,14 @@ class SlotLeaser:
         sent = self._monotonic()
         fences = self.store.lock_try_acquire_many(names, self.holder, self.config.lease, wanted)
         self._track(fences, sent)
+        if fences:
+            # Left by a holder that died or was cut off mid-page; a clean holder leaves none.
+            marks = self.store.locks_in_flight([fence.name for fence in fences])
+            with self._state:
+                for name, ids in marks.items():
+                    slot = slot_of(name)
+                    if slot is not None:
+                        self._inherited[slot] = set(ids)
         return len(fences)
 
     def _track(self, fences: Sequence[Fence], sent: float) -> None:
@@ -417,3 +439,39 @@ class SlotLeaser:
         for lease in due:
             self.store.lock_release(lease.fence)
         return len(due)
+
+
+# -- cluster-singleton jobs ---------------------------------------------------------------------------------
+
+
+class SingletonLock:
+    """A named lock that makes one replica at a time run a job (cleanup, the state census).
+
+    Leadership is sticky: the holder extends its term at every run and keeps the job; the others try to
+    acquire at every run and take over only once the holder's term has ended (it stopped, crashed or was cut
+    off). The term must outlast the job's interval, so ``lease`` is at least twice it.
+    """
+
+    def __init__(self, store: Store, name: str, holder: str, lease: timedelta) -> None:
+        self.store = store
+        self.name = name
+        self.holder = holder
+        self.lease = lease
+        self._fence: Fence | None = None
+
+    def acquire(self) -> bool:
+        """True when this replica holds the lock now (renewed, or newly acquired)."""
+        if self._fence is not None and self.store.lock_extend(self._fence, self.lease):
+            return True
+        self._fence = self.store.lock_try_acquire(self.name, self.holder, self.lease)
+        return self._fence is not None
+
+    def release(self) -> None:
+        """Let another replica take the job at once (on shutdown); errors are logged, the term then expires."""
+        fence, self._fence = self._fence, None
+        if fence is None:
+            return
+        try:
+            self.store.lock_release(fence)
+        except StoreError as error:
+            logger.warning("lock %s not released, it expires on its own: %s", self.name, error)

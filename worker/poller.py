@@ -34,7 +34,7 @@ from worker.correlators import Router
 from worker.message import Message
 from worker.metrics import Metrics
 from worker.outcomes import Disposition, HandlerTimeout, Kind, PermanentError, resolve
-from worker.store import Fence, LeaseLost, Store
+from worker.store import DatabaseUnavailable, Fence, LeaseLost, Store
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,10 @@ class SlotSource(Protocol):
         """The lease terms a commit of this slot's results must still hold (none without leases)."""
         ...
 
+    def redelivered(self, slot: int, message_ids: Sequence[int]) -> int:
+        """How many of these messages a previous holder of the slot handed out without recording them."""
+        ...
+
 
 class AllSlots:
     """Every slot, unfenced: the single replica of a SQLite database, or one replica in tests."""
@@ -67,6 +71,10 @@ class AllSlots:
         """No lease, no fence."""
         return ()
 
+    def redelivered(self, slot: int, message_ids: Sequence[int]) -> int:
+        """A single replica has no previous holder to learn from."""
+        return 0
+
 
 @dataclass(slots=True)
 class PollResult:
@@ -77,6 +85,7 @@ class PollResult:
     outcomes: dict[str, int] = field(default_factory=dict)
     fenced_off: int = 0
     abandoned: int = 0
+    redelivered: int = 0
 
     @property
     def correlated(self) -> int:
@@ -171,7 +180,14 @@ class Poller:
                 if slot not in self.slot_source.slots():  # lease lost or handed back mid-cycle
                     del cursors[slot]
                     continue
-                fetched, last_id = self._run_page(slot, cursors[slot], cycle, result)
+                try:
+                    fetched, last_id = self._run_page(slot, cursors[slot], cycle, result)
+                except DatabaseUnavailable:
+                    raise
+                except Exception:  # one slot's trouble must not hold up the others: retried next cycle
+                    logger.exception("slot %s skipped until the next poll", slot)
+                    del cursors[slot]
+                    continue
                 if fetched < self.poll.page_size:
                     del cursors[slot]
                 else:
@@ -181,6 +197,10 @@ class Poller:
 
     def _run_page(self, slot: int, after: int, cycle: CycleState, result: PollResult) -> tuple[int, int]:
         self._tick()
+        try:
+            fences = self.slot_source.fences(slot)  # the term this page is read, called and written under
+        except LeaseLost:
+            return 0, after
         now = self.store.now()
         page_started = self._monotonic()
         page = self.store.messages_fetch_eligible(
@@ -193,13 +213,22 @@ class Poller:
         with self._busy_lock:
             busy = set(self._busy_hints)
         batches = plan_batches(page, self.settings.policy.batch_size, cycle, busy)
-        calls = self._execute(batches, page_started, result)
+        handed_out = [message.id for batch in batches for message in batch.messages]
+        for fence in fences:
+            if handed_out and not self.store.lock_mark_in_flight(fence, handed_out):
+                logger.warning("slot %s: lease ended before its page was correlated; page left alone", slot)
+                return 0, after
+        redelivered = self.slot_source.redelivered(slot, handed_out)
+        if redelivered:
+            result.redelivered += redelivered
+            self.metrics.redeliveries.inc(redelivered)
+        calls, given_up = self._execute(batches, page_started, result)
         dispositions = [self._resolve(call, now) for call in calls]
         for disposition, call in zip(dispositions, calls, strict=True):
             if disposition.kind is not Kind.DELETE:
                 cycle.stop(call.message.hint)
         try:
-            self.store.messages_record_results(dispositions, self.slot_source.fences(slot))
+            self.store.messages_record_results(dispositions, fences, still_in_flight=given_up)
         except LeaseLost as lost:
             logger.warning("results of slot %s not written: %s", slot, lost)
             self.metrics.fenced_commits.inc()
@@ -227,11 +256,18 @@ class Poller:
 
     # -- running batches ------------------------------------------------------------------------------------
 
-    def _execute(self, batches: list[Batch], page_started: float, result: PollResult) -> list[_Call]:
-        """Run the batches (at most ``concurrency`` at once) and return the calls that ended, in id order."""
+    def _execute(
+        self, batches: list[Batch], page_started: float, result: PollResult
+    ) -> tuple[list[_Call], list[int]]:
+        """Run the batches (at most ``concurrency`` at once).
+
+        Returns the calls that ended, in id order, and the ids of the messages whose call was given up at
+        shutdown (left as they were, to be delivered again).
+        """
         runs = [_BatchRun(batch, page_started) for batch in batches]
+        given_up: list[int] = []
         if self._stopping.is_set():
-            return []
+            return [], given_up
         self._running = runs
         futures: dict[Future[None], _BatchRun] = {
             self._executor.submit(self._run_batch, run): run for run in runs
@@ -262,6 +298,7 @@ class Poller:
                         error = HandlerTimeout(f"the correlator did not return within {timeout}")
                         run.calls.append(_Call(message, error, now - page_started))
                     else:  # shutting down: leave the message as it was, to be delivered again
+                        given_up.append(message.id)
                         result.abandoned += 1
                         self.metrics.messages.labels(message.name, "abandoned").inc()
                 with self._busy_lock:
@@ -282,7 +319,7 @@ class Poller:
         for run in runs:
             if run.calls:
                 self.metrics.batch_duration.observe(run.calls[-1].elapsed - run.started)
-        return calls
+        return calls, given_up
 
     def _run_batch(self, run: _BatchRun) -> None:
         """On a worker thread: call the correlator for each message of one hint, in order."""

@@ -140,6 +140,7 @@ lock_table = Table(
     Column("locked_at", UtcDateTime, nullable=False),
     Column("locked_by", String(255), nullable=False),
     Column("fence", BigInteger, nullable=False),
+    Column("in_flight", Text),  # JSON array of message ids handed out under this term, not recorded yet
 )
 
 

@@ -408,19 +408,26 @@ class Store:
         return self._run(lambda c: _messages(c.execute(statement, params)))
 
     def messages_record_results(
-        self, dispositions: Sequence[Disposition], fences: Sequence[Fence] = ()
+        self,
+        dispositions: Sequence[Disposition],
+        fences: Sequence[Fence] = (),
+        still_in_flight: Sequence[int] = (),
     ) -> None:
         """Write the outcome of a page in one transaction: delete successes, update the rest.
 
         With ``fences``, first check (locking the lease rows) that this replica still holds every lease with
-        the same fence and an unexpired term; if not, write nothing and raise :class:`LeaseLost`.
+        the same fence and an unexpired term; if not, write nothing and raise :class:`LeaseLost`. The leases'
+        in-flight marks are then set to ``still_in_flight`` (calls given up without a result), or cleared.
         """
-        if not dispositions:
+        if not dispositions and not fences:
             return
 
         def work(connection: Connection) -> None:
             for fence in fences:
                 self._fence_check(connection, fence)
+                connection.execute(
+                    _SET_IN_FLIGHT, {"name": fence.name, "in_flight": _id_list(still_in_flight)}
+                )
             done = [d.message_id for d in dispositions if d.kind is Kind.DELETE]
             if done:
                 delete = _DELETE_BY_ID_ARRAY if self.dialect == "postgresql" else _DELETE_BY_IDS
@@ -441,6 +448,21 @@ class Store:
                 connection.execute(_RECORD_ATTEMPT, updates)
 
         self._run(work)
+
+    def lock_mark_in_flight(self, fence: Fence, message_ids: Sequence[int]) -> bool:
+        """Note the messages about to be handed to a correlator under this term; False if it ended."""
+        statement = _MARK_IN_FLIGHT
+        params = {
+            "name": fence.name, "holder": fence.holder, "fence": fence.fence, "in_flight": _id_list(message_ids)
+        }
+        return bool(self._run(lambda c: c.execute(statement, params).rowcount))
+
+    def locks_in_flight(self, names: Sequence[str]) -> dict[str, list[int]]:
+        """The in-flight marks left on these lock rows (by a holder that did not record its results)."""
+        if not names:
+            return {}
+        rows = self._run(lambda c: c.execute(_READ_IN_FLIGHT, {"names": list(names)}).all())
+        return {row.name: [int(i) for i in json.loads(row.in_flight)] for row in rows if row.in_flight}
 
     def _fence_check(self, connection: Connection, fence: Fence) -> None:
         # Lock the lease row so that no one can take it over until this transaction commits; the term must
@@ -886,3 +908,22 @@ def _seconds(duration: timedelta, *, allow_zero: bool = False) -> float:
 
 def _term(fence: Fence) -> dict[str, Any]:
     return {"name": fence.name, "holder": fence.holder, "fence": fence.fence}
+
+
+def _id_list(ids: Sequence[int]) -> str | None:
+    return json.dumps(list(ids)) if ids else None
+
+
+# Mark the messages of a page as handed out under a term still held by this holder (before calling them).
+_MARK_IN_FLIGHT = text(
+    "UPDATE correlation_lock SET in_flight = :in_flight "
+    "WHERE name = :name AND locked_by = :holder AND fence = :fence"
+)
+
+# Set a lease's in-flight mark inside the results transaction (its row is already locked by the fence check).
+_SET_IN_FLIGHT = text("UPDATE correlation_lock SET in_flight = :in_flight WHERE name = :name")
+
+# The in-flight marks of some lock rows.
+_READ_IN_FLIGHT = text(
+    "SELECT name, in_flight FROM correlation_lock WHERE name IN :names AND in_flight IS NOT NULL"
+).bindparams(bindparam("names", expanding=True))

@@ -16,12 +16,13 @@ from datetime import timedelta
 from types import FrameType
 
 from worker.cleanup import Cleanup
-from worker.config import Settings, format_duration
+from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
 from worker.endpoint import Endpoint, Heartbeat
 from worker.gauges import Gauges
 from worker.metrics import Metrics
-from worker.poller import AllSlots, Poller
+from worker.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
+from worker.poller import AllSlots, Poller, SlotSource
 from worker.schema import head_revision
 from worker.store import DatabaseUnavailable, Store, StoreError
 
@@ -29,6 +30,20 @@ logger = logging.getLogger(__name__)
 
 STARTUP_RETRY = 2.0  # seconds between attempts to reach the database at startup
 HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while they wait
+
+
+def lease_config(settings: Settings) -> SlotLeaseConfig:
+    """The slot lease settings, checked together; a bad combination is a ConfigError naming them."""
+    lease = settings.lease
+    try:
+        return SlotLeaseConfig(lease.duration, lease.renew_interval, lease.safety_margin, lease.drain)
+    except ValueError as error:
+        raise ConfigError(f"invalid setting CORRELATION_LEASE__*: {error}") from None
+
+
+def singleton_lease(interval: timedelta) -> timedelta:
+    """The term of a cluster-singleton job's lock: it outlasts two runs, so that leadership stays put."""
+    return max(2 * interval + timedelta(seconds=10), timedelta(seconds=30))
 
 
 class StartupError(Exception):
@@ -57,16 +72,21 @@ class Worker:
         self.router = Router.from_settings(settings.correlators)
         self.heartbeat = Heartbeat()
         self.stopping = threading.Event()
-        self.poller = Poller(
-            self.store,
-            self.router,
-            settings,
-            AllSlots(self.store.slot_count),
-            self.metrics,
-            tick=self.heartbeat.tick,
-        )
+        # PostgreSQL: lease a share of the slots, fenced. SQLite: one replica owns every slot.
+        self.leaser: SlotLeaser | None = None
+        slots: SlotSource = AllSlots(self.store.slot_count)
+        if self.store.slot_count > 1:
+            self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
+            slots = self.leaser
+        self.poller = Poller(self.store, self.router, settings, slots, self.metrics, tick=self.heartbeat.tick)
         self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics)
         self.gauges = Gauges(self.store, self.metrics)
+        self.cleanup_lock = SingletonLock(
+            self.store, "cleanup", self.replica_id, singleton_lease(settings.cleanup.interval)
+        )
+        self.gauges_lock = SingletonLock(
+            self.store, "gauges", self.replica_id, singleton_lease(settings.metrics.gauges_interval)
+        )
         self.endpoint: Endpoint | None = None
         self._signals = 0
 
@@ -147,6 +167,18 @@ class Worker:
             self.router.describe(),
         )
         background = [
+            *(
+                [
+                    threading.Thread(
+                        target=self._every,
+                        args=("leases", timedelta(0), self.settings.lease.renew_interval, self._leases),
+                        name="leases",
+                        daemon=True,
+                    )
+                ]
+                if self.leaser is not None
+                else []
+            ),
             threading.Thread(
                 target=self._every,
                 args=("cleanup", self.settings.cleanup.initial_delay, self.settings.cleanup.interval, self._cleanup),
@@ -171,9 +203,15 @@ class Worker:
                 alive=self.heartbeat.tick,
             )
         finally:
+            # The poll loop has returned: no page is in flight any more, so the leases can go.
             self.poller.close()
+            if self.leaser is not None:
+                released = self.leaser.release_all()
+                logger.info("released %d slot leases", released)
             for thread in background:
                 thread.join(timeout=5)
+            self.cleanup_lock.release()
+            self.gauges_lock.release()
             self._close_endpoint()
             self.store.close()
             logger.info("replica %s stopped", self.replica_id)
@@ -225,10 +263,20 @@ class Worker:
                 ", ".join(f"{k}={v}" for k, v in sorted(result.outcomes.items())) or "none taken",
             )
 
+    def _leases(self) -> None:
+        assert self.leaser is not None
+        self.leaser.run_once()
+
     def _gauges(self) -> None:
-        self.gauges.run_once()
+        if self.gauges_lock.acquire():
+            self.gauges.run_once()
+        else:  # another replica reports the table; do not export stale copies of its numbers
+            self.metrics.messages_by_state.clear()
+            self.metrics.oldest_eligible_age.set(0)
 
     def _cleanup(self) -> None:
+        if not self.cleanup_lock.acquire():
+            return
         result = self.cleanup.run_once()
         if result.expired_removed:
             logger.info("cleanup removed %d expired messages", result.expired_removed)

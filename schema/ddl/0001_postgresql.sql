@@ -34,6 +34,10 @@ CREATE TABLE correlation_message (
     CONSTRAINT correlation_message_hint_length CHECK (length(correlation_hint) <= 255),
     CONSTRAINT correlation_message_message_id_not_empty CHECK (message_id <> ''),
     CONSTRAINT correlation_message_ttl_not_negative CHECK (time_to_live >= interval '0'),
+    CONSTRAINT correlation_message_ttl_at_most_1000_years CHECK (time_to_live <= interval '1000 years'),
+    CONSTRAINT correlation_message_created_at_finite CHECK (isfinite(created_at)),
+    -- 'infinity' is refused: leave expires_at NULL for a message that never expires.
+    CONSTRAINT correlation_message_expires_at_finite CHECK (isfinite(expires_at)),
     CONSTRAINT correlation_message_expires_after_created CHECK (expires_at >= created_at),
     CONSTRAINT correlation_message_headers_object CHECK (jsonb_typeof(headers) = 'object'),
     CONSTRAINT correlation_message_attempt_not_negative CHECK (attempt >= 0),

@@ -27,6 +27,16 @@ CREATE TABLE correlation_message (
     CONSTRAINT correlation_message_payload_json CHECK (json_valid(payload)),
     CONSTRAINT correlation_message_headers_object CHECK (json_valid(headers) AND json_type(headers) = 'object'),
     CONSTRAINT correlation_message_ttl_not_negative CHECK (time_to_live >= 0),
+    CONSTRAINT correlation_message_ttl_at_most_1000_years CHECK (time_to_live <= 31557600000),
+    -- Times are compared as text, so only UTC 'YYYY-MM-DD HH:MM:SS[.ffffff]' is accepted.
+    CONSTRAINT correlation_message_created_at_utc_text CHECK (
+        julianday(created_at) IS NOT NULL
+        AND created_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'
+        AND substr(created_at, 20, 1) IN ('', '.') AND substr(created_at, 21) NOT GLOB '*[^0-9]*'),
+    CONSTRAINT correlation_message_expires_at_utc_text CHECK (expires_at IS NULL OR (
+        julianday(expires_at) IS NOT NULL
+        AND expires_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'
+        AND substr(expires_at, 20, 1) IN ('', '.') AND substr(expires_at, 21) NOT GLOB '*[^0-9]*')),
     CONSTRAINT correlation_message_expires_after_created CHECK (julianday(expires_at) >= julianday(created_at)),
     CONSTRAINT correlation_message_attempt_not_negative CHECK (attempt >= 0),
     CONSTRAINT correlation_message_reschedule_count_not_negative CHECK (reschedule_count >= 0),

@@ -8,9 +8,9 @@ Revises:
 
 from __future__ import annotations
 
-from importlib import resources
-
 from alembic import op
+
+from worker.migrations.sqlfiles import statements
 
 revision = "0001"
 down_revision = None
@@ -18,14 +18,8 @@ branch_labels = None
 depends_on = None
 
 
-def _statements(dialect: str) -> list[str]:
-    text = (resources.files("worker.migrations") / "ddl" / f"0001_{dialect}.sql").read_text()
-    lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
-    return [stmt.strip() for stmt in "\n".join(lines).split(";") if stmt.strip()]
-
-
 def upgrade() -> None:
-    for statement in _statements(op.get_bind().dialect.name):
+    for statement in statements(revision, op.get_bind().dialect.name):
         op.execute(statement)
 
 

@@ -111,3 +111,16 @@ def test_slot_is_a_stable_function_of_the_hint_on_postgresql(store: Store) -> No
         ).all()
     assert slots[0].slot == slots[2].slot
     assert all(0 <= row.slot < 64 for row in slots)
+
+
+def test_infinite_or_unreadable_times_are_rejected(any_store: Store, conn: Connection) -> None:
+    rejected(conn, columns=", expires_at", values=", 'infinity'")
+    if any_store.dialect == "postgresql":
+        rejected(conn, "correlation_message_ttl_at_most_1000_years", columns=", time_to_live",
+                 values=", interval '3000000 years'")
+    else:
+        rejected(conn, "correlation_message_expires_at_utc_text", columns=", expires_at",
+                 values=", '2099-01-01T10:00:00+01:00'")
+        rejected(conn, "correlation_message_created_at_utc_text", columns=", created_at",
+                 values=", 'yesterday'")
+        insert(conn, columns=", created_at, expires_at", values=", '2030-01-01 10:00:00', '2030-01-02 10:00:00.5'")
