@@ -274,6 +274,10 @@ class ShutdownSettings(_Section):
     grace: Duration = timedelta(seconds=30)
 
 
+def _default_routes() -> dict[str, str | dict[str, Any]]:
+    return {"*": "log"}
+
+
 class Settings(BaseSettings):
     """Every setting of correlation-worker. Build it with :func:`load_settings`."""
 
@@ -289,7 +293,7 @@ class Settings(BaseSettings):
     cleanup: CleanupSettings = CleanupSettings()
     policy: Policy = Policy()
     policies: dict[str, PolicyOverride] = Field(default_factory=dict)
-    correlators: dict[str, str | dict[str, Any]] = Field(default_factory=lambda: {"*": "log"})
+    correlators: dict[str, str | dict[str, Any]] = Field(default_factory=_default_routes)
     metrics: MetricsSettings = MetricsSettings()
     log: LogSettings = LogSettings()
     replica: ReplicaSettings = ReplicaSettings()

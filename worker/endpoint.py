@@ -50,7 +50,7 @@ class Endpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
@@ -73,7 +73,7 @@ class Endpoint:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - probes are not news
+            def log_message(self, format: str, *args: object) -> None:
                 return
 
         self.server = ThreadingHTTPServer((host, port), Handler)

@@ -20,8 +20,8 @@ from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
 from worker.endpoint import Endpoint, Heartbeat
 from worker.gauges import Gauges
-from worker.metrics import Metrics
 from worker.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
+from worker.metrics import Metrics
 from worker.poller import AllSlots, Poller, SlotSource
 from worker.schema import head_revision
 from worker.store import DatabaseUnavailable, Store, StoreError
