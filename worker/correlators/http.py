@@ -103,7 +103,9 @@ class HttpCorrelator:
         """POST the message; raise Retry or PermanentError unless the answer is 2xx."""
         body = camunda7_body(message) if self.preset == "camunda7" else generic_body(message)
         try:
-            response = self.client.post(self.url, content=json.dumps(body), headers={"Content-Type": "application/json"})
+            response = self.client.post(
+                self.url, content=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
         except httpx.TimeoutException as error:
             raise Retry(f"POST {self.url} timed out: {error}") from None
         except httpx.TransportError as error:
