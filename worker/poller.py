@@ -233,7 +233,7 @@ class Poller:
             logger.warning("results of slot %s not written: %s", slot, lost)
             self.metrics.fenced_commits.inc()
             result.fenced_off += len(dispositions)
-            return len(page), page[-1].id
+            return 0, after  # the slot is done for this cycle: its new owner decides what comes next
         # Counted once per message name and outcome, not once per message: labels() costs more than inc().
         pairs = zip(dispositions, calls, strict=True)
         tally = Counter((call.message.name, disposition.outcome) for disposition, call in pairs)
