@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
+import threading
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -22,6 +25,21 @@ from worker.worker import StartupError, Worker, replica_identity
 def _fail(message: str) -> None:
     click.echo(f"correlation-worker: {message}", err=True)
     sys.exit(2)
+
+
+def _exit_after_run(code: int) -> NoReturn:
+    """Exit with ``code`` without waiting for correlator calls abandoned at shutdown.
+
+    An abandoned call still runs on a pool thread, and the interpreter joins pool threads at exit: a hung
+    handler would keep the process alive past the shutdown grace. Only the logs and stdio are left to flush.
+    """
+    main_thread = threading.main_thread()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main_thread):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _settings() -> Settings:
@@ -84,7 +102,7 @@ def run() -> None:
         _fail(str(error))
     except OSError as error:  # e.g. the metrics port is taken
         _fail(f"cannot start: {error}")
-    sys.exit(code)
+    _exit_after_run(code)
 
 
 @main.command()
