@@ -8,9 +8,11 @@ A bad value stops startup with one line naming the setting (see :func:`describe_
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import socket
+from collections.abc import Mapping
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -36,6 +38,8 @@ from pydantic_settings import (
 
 ENV_PREFIX = "CORRELATION_"
 CONFIG_FILE_ENV = "CORRELATION_CONFIG_FILE"
+# Variables with these prefixes belong to the test suite and the benchmarks, not to the worker.
+FOREIGN_PREFIXES = ("CORRELATION_TEST_", "CORRELATION_BENCH_")
 
 
 def parse_duration(value: object) -> timedelta:
@@ -63,8 +67,8 @@ def parse_duration(value: object) -> timedelta:
 
 
 def format_duration(value: timedelta) -> str:
-    """Render a timedelta as ISO-8601 (``PT6S``)."""
-    return str(isodate.duration_isoformat(value))
+    """Render a timedelta as ISO-8601 (``PT6S``; zero is ``PT0S``)."""
+    return "PT0S" if not value else str(isodate.duration_isoformat(value))
 
 
 Duration = Annotated[
@@ -366,8 +370,39 @@ def describe_error(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def known_variables() -> list[str]:
+    """Every environment variable the settings read."""
+    names = [CONFIG_FILE_ENV]
+    for field_name, field in Settings.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names += [f"{ENV_PREFIX}{field_name}__{sub}".upper() for sub in annotation.model_fields]
+        else:
+            names.append(f"{ENV_PREFIX}{field_name}".upper())
+    return names
+
+
+def check_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Refuse a misspelt setting instead of silently ignoring it.
+
+    A variable of a known section with an unknown field is refused; so is any other ``CORRELATION_*`` variable
+    close to a known name. Others (e.g. Kubernetes service links of a service named ``correlation-*``) pass.
+    """
+    known = known_variables()
+    sections = {name.split("__", 1)[0] for name in known if "__" in name}
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper.startswith(FOREIGN_PREFIXES):
+            continue
+        guess = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
+        if upper.split("__", 1)[0] in sections or guess:
+            hint = f"; did you mean {guess[0]}?" if guess else ""
+            raise ConfigError(f"invalid setting {name}: is not a known setting{hint}")
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Read the settings from the environment (and the optional file); raise ConfigError on a bad value."""
+    check_unknown_variables(os.environ)
     try:
         return Settings(**overrides)
     except ValidationError as error:

@@ -108,3 +108,25 @@ def test_a_toml_file_is_read_and_the_environment_wins(monkeypatch: pytest.Monkey
     monkeypatch.setenv("CORRELATION_POLL__PAGE_SIZE", "9")
     s = load_settings()
     assert s.poll.interval == timedelta(seconds=2) and s.poll.page_size == 9
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("CORRELATION_GAUGES_INTERVAL", "CORRELATION_METRICS__GAUGES_INTERVAL"),
+        ("CORRELATION_DATABASE_URL", "CORRELATION_DATABASE__URL"),
+        ("CORRELATION_POLICY__MAXRETRIES", "CORRELATION_POLICY__MAX_RETRIES"),
+    ],
+)
+def test_a_misspelt_setting_is_refused_with_a_suggestion(
+    monkeypatch: pytest.MonkeyPatch, name: str, suggestion: str
+) -> None:
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(ConfigError, match=f"invalid setting {name}: is not a known setting; did you mean {suggestion}"):
+        load_settings()
+
+
+def test_unrelated_variables_with_the_prefix_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRELATION_WORKER_SERVICE_HOST", "10.0.0.1")  # a Kubernetes service link
+    monkeypatch.setenv("CORRELATION_TEST_DATABASE_URL", "postgresql://x")  # the test suite's own
+    assert load_settings().poll.page_size == 100
