@@ -240,6 +240,9 @@ class Poller:
         for (name, outcome), n in tally.items():
             result.count(outcome, n)
             self.metrics.messages.labels(name, outcome).inc(n)
+        for disposition, call in zip(dispositions, calls, strict=True):
+            if disposition.kind is not Kind.DELETE:
+                _log_failure(call, disposition)
         return len(page), page[-1].id
 
     def _policy(self, message_name: str) -> Policy:
@@ -326,7 +329,8 @@ class Poller:
         run.started = self._monotonic() - run.page_started
         try:
             for message in run.batch.messages:
-                if run.cancelled.is_set():
+                # No call starts once the slot's lease is near its end or handed back: the next holder does it.
+                if run.cancelled.is_set() or message.slot not in self.slot_source.slots():
                     return
                 timeout = self._policy(message.name).handler_timeout.total_seconds()
                 with run.lock:
@@ -362,3 +366,17 @@ class Poller:
             return error
         # A handler may also return an outcome (Retry, PermanentError, Reschedule) instead of raising it.
         return returned if isinstance(returned, Exception) else None
+
+
+def _log_failure(call: _Call, disposition: Disposition) -> None:
+    """One line per call that did not succeed: what it was, what happens next, and the error's first line."""
+    message = call.message
+    reason = str(call.error).splitlines()[0] if call.error is not None and str(call.error) else ""
+    error = f"{type(call.error).__name__}: {reason}" if call.error is not None else ""
+    due = disposition.next_attempt_at.isoformat() if disposition.next_attempt_at else "never"
+    level = logging.WARNING if disposition.kind in (Kind.RETRY, Kind.DEAD) else logging.INFO
+    logger.log(
+        level,
+        "%s id=%s hint=%s: %s (attempt %d, next %s): %s",
+        message.name, message.id, message.hint, disposition.outcome, disposition.attempt, due, error,
+    )
