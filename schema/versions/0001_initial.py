@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from worker.migrations.sqlfiles import statements
+from worker.migrations.sqlfiles import apply
 
 revision = "0001"
 down_revision = None
@@ -19,8 +19,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    for statement in statements(revision, op.get_bind().dialect.name):
-        op.execute(statement)
+    apply(revision)
 
 
 def downgrade() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from worker.migrations.sqlfiles import statements
+from worker.migrations.sqlfiles import apply
 
 revision = "0002"
 down_revision = "0001"
@@ -20,8 +20,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    for statement in statements(revision, op.get_bind().dialect.name):
-        op.execute(statement)
+    apply(revision)
 
 
 def downgrade() -> None:
