@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from worker.config import format_duration
+from worker.leases import SLOT_PREFIX
 from worker.message import Message
 from worker.store import MessageFilter, StateCounts, Store
 
@@ -50,7 +51,12 @@ def status(store: Store) -> dict[str, Any]:
     """Counts by state and the oldest eligible message's age."""
     counts: StateCounts = store.messages_count_by_state()
     age: timedelta | None = counts.oldest_eligible_age
+    replicas: dict[str, int] = {}
+    for lock in store.locks_list_held():
+        if lock.name.startswith(SLOT_PREFIX):
+            replicas[lock.locked_by] = replicas.get(lock.locked_by, 0) + 1
     return {
+        "replicas": dict(sorted(replicas.items())),  # live holders of slot leases and how many each holds
         "ready": counts.ready,
         "waiting": counts.waiting,
         "paused": counts.paused,

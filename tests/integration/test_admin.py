@@ -1,0 +1,20 @@
+"""Operator views over real PostgreSQL."""
+
+from __future__ import annotations
+
+from tests.integration.test_slot_leases import leaser
+from worker import admin
+from worker.store import NewMessage, Store
+
+
+def test_status_shows_counts_and_which_replica_holds_how_many_slots(store: Store) -> None:
+    first, second = leaser(store, "a"), leaser(store, "b")
+    for _ in range(3):
+        first.run_once()
+        second.run_once()
+    store.messages_insert(NewMessage("n", "order-1"))
+    shown = admin.status(store)
+    assert shown["ready"] == 1 and shown["total"] == 1
+    assert shown["oldest_eligible_age_seconds"] is not None
+    assert sorted(shown["replicas"].values()) == [32, 32]
+    assert set(shown["replicas"]) == {first.holder, second.holder}
