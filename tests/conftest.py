@@ -8,6 +8,7 @@ database, cloned from a template that was migrated once per session (as procrast
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -88,10 +89,8 @@ class ThrowawayServer:
 
     def destroy(self) -> None:
         """Stop the server and remove its files."""
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
             self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass  # already stopped
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

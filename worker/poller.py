@@ -227,6 +227,10 @@ class Poller:
         for disposition, call in zip(dispositions, calls, strict=True):
             if disposition.kind is not Kind.DELETE:
                 cycle.stop(call.message.hint)
+        called = {call.message.id for call in calls}
+        for batch in batches:
+            if batch.messages[-1].id not in called:  # cut short (lease ending): later pages must not overtake it
+                cycle.stop(batch.hint)
         try:
             self.store.messages_record_results(dispositions, fences, still_in_flight=given_up)
         except LeaseLost as lost:

@@ -9,7 +9,6 @@ Revises:
 from __future__ import annotations
 
 from alembic import op
-
 from worker.migrations.sqlfiles import apply
 
 revision = "0001"

@@ -10,7 +10,6 @@ Revises: 0001
 from __future__ import annotations
 
 from alembic import op
-
 from worker.migrations.sqlfiles import apply
 
 revision = "0002"

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Database, PostgresDatabase, SqliteDatabase, StartWorker, WorkerProcess, worker_env
+from harness import (
+    Database,
+    PostgresDatabase,
+    SqliteDatabase,
+    StartReplicas,
+    StartWorker,
+    WorkerProcess,
+    worker_env,
+)
 
 
 @pytest.fixture
@@ -50,21 +58,52 @@ def start_worker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sta
     request.node.stash[WORKERS] = workers
 
     def start(database: Database, **settings: str) -> WorkerProcess:
-        log_path = tmp_path / f"worker-{len(workers) + 1}.log"
-        worker = WorkerProcess(worker_env(database, **settings), log_path, tmp_path)
-        workers.append(worker)
+        worker = launch(database, **settings)
         worker.wait_ready()
         return worker
 
+    def launch(database: Database, **settings: str) -> WorkerProcess:
+        log_path = tmp_path / f"worker-{len(workers) + 1}.log"
+        worker = WorkerProcess(worker_env(database, **settings), log_path, tmp_path)
+        workers.append(worker)
+        return worker
+
+    request.node.stash[LAUNCH] = launch
     yield start
     problems = []
     for number, worker in enumerate(workers, 1):
+        if worker.killed:
+            continue
         was_running = worker.running()
         code = worker.stop()
         if code != 0:
             how = "after SIGTERM" if was_running else "before teardown"
             problems.append(f"worker {number} exited with {code} {how}; its log:\n{worker.log()[-6000:]}")
     assert not problems, "\n".join(problems)
+
+
+LAUNCH = pytest.StashKey[StartWorker]()
+
+
+@pytest.fixture
+def start_replicas(request: pytest.FixtureRequest, start_worker: StartWorker) -> StartReplicas:
+    """Start several workers at once: ``start_replicas(database, 3, poll__concurrency="2")``.
+
+    Each gets its own CORRELATION_REPLICA__NAME (``replica-<n>``, numbered across the test, unless
+    ``replica__name`` is given); the call returns once every one is polling.
+    """
+    launch = request.node.stash[LAUNCH]
+
+    def start(database: Database, count: int, **settings: str) -> list[WorkerProcess]:
+        replicas = [
+            launch(database, **{"replica__name": f"replica-{len(request.node.stash[WORKERS]) + 1}", **settings})
+            for _ in range(count)
+        ]
+        for replica in replicas:
+            replica.wait_ready()
+        return replicas
+
+    return start
 
 
 @pytest.hookimpl(hookwrapper=True)

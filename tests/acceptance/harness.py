@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 from recorder import CALL_TABLE_DDL, DSN_ENV, FILE_ENV, Call, calls_from_file, calls_from_table
 from sqlalchemy.engine import make_url
@@ -233,11 +236,17 @@ def worker_env(database: Database, **settings: str) -> dict[str, str]:
     return env
 
 
+ENDPOINT_LINE = re.compile(r"serving /metrics\S* .*? on (\S+):(\d+)")
+IDENTITY_LINE = re.compile(r"replica (\S+) polling ")
+
+
 class WorkerProcess:
     """A running ``correlation-worker run`` (``python -m worker run``) with its log in a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path, cwd: Path) -> None:
         self.log_path = log_path
+        self.name = env["CORRELATION_REPLICA__NAME"]  # the pod name; the recorder journals it with each call
+        self.killed = False  # SIGKILLed on purpose: exempt from the clean-exit check at teardown
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "worker", "run"],
@@ -264,10 +273,45 @@ class WorkerProcess:
         """Wait until the worker logged that it is polling."""
         wait_until(lambda: " polling " in self.log(), what="the worker to start polling", workers=[self])
 
+    def holder(self) -> str:
+        """Its ``locked_by`` in the lock table (pod name plus per-boot suffix), from its start-up log line."""
+        found = IDENTITY_LINE.search(self.log())
+        assert found, f"{self.name} has not logged its identity yet"
+        return found.group(1)
+
+    def metrics_port(self) -> int:
+        """The port of its /metrics endpoint (any free port with CORRELATION_METRICS__PORT=0), from its log."""
+        found = ENDPOINT_LINE.search(self.log())
+        assert found, f"{self.name} has not logged its metrics endpoint yet"
+        return int(found.group(2))
+
+    def metric(self, name: str) -> float:
+        """The sum of the samples called ``name`` (``correlation_redeliveries_total``) on its /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_port()}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        )
+
+    def send(self, signum: signal.Signals) -> None:
+        """Send a signal (SIGSTOP and SIGCONT freeze and resume it)."""
+        self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until it is gone."""
+        self.killed = True
+        self.process.kill()
+        self.process.wait(timeout=STOP_DEADLINE)
+
     def stop(self) -> int:
         """SIGTERM, then wait for the exit code (killed, and -9 returned, after the deadline)."""
         if self.running():
             self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signal.SIGCONT)  # a frozen worker must wake up to see it
         try:
             return self.process.wait(timeout=STOP_DEADLINE)
         except subprocess.TimeoutExpired:
@@ -291,3 +335,4 @@ def run_cli(database: Database, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 StartWorker = Callable[..., WorkerProcess]
+StartReplicas = Callable[..., list[WorkerProcess]]

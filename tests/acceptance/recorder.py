@@ -8,6 +8,7 @@ Every call is journalled where the test can read it while the worker runs:
 - else into a JSON-lines file named by ``ACCEPTANCE_RECORDER_FILE`` (one line when a call starts, one when it
   ends; each line is one ``write`` on an append-only descriptor, then fsync).
 
+Each call also records the replica that made it (``CORRELATION_REPLICA__NAME`` of the worker process).
 A call is journalled when it starts, so that a test sees a message that was called even if the call is still
 running. What the call does is read from the payload (a JSON object):
 
@@ -40,6 +41,7 @@ from worker import Message, PermanentError, Reschedule
 
 DSN_ENV = "ACCEPTANCE_RECORDER_DSN"
 FILE_ENV = "ACCEPTANCE_RECORDER_FILE"
+REPLICA_ENV = "CORRELATION_REPLICA__NAME"
 
 CALL_TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS acceptance_call (
@@ -52,7 +54,8 @@ CREATE TABLE IF NOT EXISTS acceptance_call (
     reschedule_count integer NOT NULL,
     started_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
     ended_at         timestamptz,
-    outcome          text
+    outcome          text,
+    replica          text
 )
 """
 
@@ -70,6 +73,7 @@ class Call:
     started_at: datetime
     ended_at: datetime | None
     outcome: str | None
+    replica: str | None = None  # the worker's CORRELATION_REPLICA__NAME
 
 
 class _Journal(Protocol):
@@ -88,16 +92,20 @@ class _TableJournal:
     def _connection(self) -> psycopg.Connection[Any]:
         connection: psycopg.Connection[Any] | None = getattr(self.local, "connection", None)
         if connection is None or connection.closed:
-            connection = psycopg.connect(self.dsn, autocommit=True)
+            # Named after the replica, so that a test can see when a killed replica's sessions are gone.
+            connection = psycopg.connect(self.dsn, autocommit=True, application_name=_replica() or "recorder")
             self.local.connection = connection
         return connection
 
     def start(self, message: Message, seq: int | None) -> str:
         statement = (
-            "INSERT INTO acceptance_call (message_row_id, message_name, hint, seq, attempt, reschedule_count)"
-            " VALUES (%s, %s, %s, %s, %s, %s) RETURNING id"
+            "INSERT INTO acceptance_call"
+            " (message_row_id, message_name, hint, seq, attempt, reschedule_count, replica)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id"
         )
-        values = (message.id, message.name, message.hint, seq, message.attempt, message.reschedule_count)
+        values = (
+            message.id, message.name, message.hint, seq, message.attempt, message.reschedule_count, _replica()
+        )
         row = self._connection().execute(statement, values).fetchone()
         assert row is not None
         return str(row[0])
@@ -138,6 +146,7 @@ class _FileJournal:
                 "seq": seq,
                 "attempt": message.attempt,
                 "reschedule_count": message.reschedule_count,
+                "replica": _replica(),
                 "at": time.time(),
             }
         )
@@ -145,6 +154,10 @@ class _FileJournal:
 
     def end(self, call: str, outcome: str) -> None:
         self._append({"event": "end", "call": call, "outcome": outcome, "at": time.time()})
+
+
+def _replica() -> str | None:
+    return os.environ.get(REPLICA_ENV)
 
 
 _journal: _Journal | None = None
@@ -222,7 +235,7 @@ def calls_from_table(connection: psycopg.Connection[Any]) -> list[Call]:
     """Every call in ``acceptance_call``, in the order they started."""
     rows = connection.execute(
         "SELECT message_row_id, message_name, hint, seq, attempt, reschedule_count, started_at, ended_at,"
-        " outcome FROM acceptance_call ORDER BY id"
+        " outcome, replica FROM acceptance_call ORDER BY id"
     ).fetchall()
     return [Call(*row) for row in rows]
 
@@ -253,6 +266,7 @@ def calls_from_file(path: str) -> list[Call]:
                 started_at=datetime.fromtimestamp(start["at"], UTC),
                 ended_at=None if end is None else datetime.fromtimestamp(end["at"], UTC),
                 outcome=None if end is None else end["outcome"],
+                replica=start.get("replica"),
             )
         )
     return calls

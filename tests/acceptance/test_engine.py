@@ -14,7 +14,6 @@ from itertools import pairwise
 from typing import Any
 
 import psycopg
-import pytest
 from harness import PROBE, Database, StartWorker, run_cli, wait_until
 from recorder import Call
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from tests.integration.test_slot_leases import SHORT, leaser, wait_until
+from tests.integration.test_slot_leases import SHORT, STEADY, leaser, wait_until
 from worker.config import Settings
 from worker.correlators import Router
 from worker.message import Message
@@ -51,7 +51,7 @@ def test_messages_in_flight_at_a_holders_death_are_counted_when_delivered_again(
     wait_until(lambda: dead.slots() == (), "the dead holder's term is past its local deadline")
 
     metrics = Metrics()
-    heir = leaser(store, "heir", SHORT, metrics)
+    heir = leaser(store, "heir", STEADY, metrics)  # a long term: the poll below must not outlive it
     wait_until(lambda: heir.run_once() and slot in heir.slots(), "the heir took the slot over")
     calls: list[int] = []
     result = poller_of(store, heir, metrics, calls).run_once()

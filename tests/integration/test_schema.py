@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DataError, IntegrityError
 
 from worker.store import Store
 

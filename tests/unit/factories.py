@@ -10,7 +10,7 @@ from worker.message import Message, MessageState
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
-def message(id: int, hint: str = "h", **fields: Any) -> Message:  # noqa: A002 - the column's name
+def message(id: int, hint: str = "h", **fields: Any) -> Message:
     values: dict[str, Any] = {
         "id": id,
         "message_id": None,
