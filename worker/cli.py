@@ -19,7 +19,7 @@ from worker.correlators import Router
 from worker.logs import configure_logging
 from worker.message import MessageState
 from worker.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
-from worker.worker import StartupError, Worker, replica_identity
+from worker.worker import StartupError, Worker, lease_config, replica_identity
 
 
 def _fail(message: str) -> None:
@@ -128,6 +128,7 @@ def check_config() -> None:
     settings = _settings()
     try:
         routes = Router.from_settings(settings.correlators).describe()
+        lease_config(settings)
     except ConfigError as error:
         _fail(str(error))
     data = settings.redacted()

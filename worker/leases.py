@@ -51,7 +51,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -227,6 +227,9 @@ class SlotLeaser:
         self._stopped = False
         # Messages a previous holder of a slot handed out without recording them: delivered again here.
         self._inherited: dict[int, set[int]] = {}
+        # Slots the poller still works on (a page in flight, a call given up but running): a handed-back slot
+        # is released only once it is out of use, so that its next owner never calls a hint this one is calling.
+        self.in_use: Callable[[], Collection[int]] = frozenset
 
     # -- the poller's view (SlotSource) ---------------------------------------------------------------------
 
@@ -428,11 +431,14 @@ class SlotLeaser:
     def _release_drained(self) -> int:
         now = self._monotonic()
         drain = self.config.drain.total_seconds()
+        busy = self.in_use()
         with self._state:
             due = [
                 lease
                 for lease in self._leases.values()
-                if lease.draining_since is not None and now - lease.draining_since >= drain
+                if lease.draining_since is not None
+                and now - lease.draining_since >= drain
+                and lease.slot not in busy
             ]
             for lease in due:
                 del self._leases[lease.slot]

@@ -86,7 +86,8 @@ def describe_exception(error: BaseException, limit: int = ERROR_HEAD_LIMIT) -> s
     """A readable, bounded head of an exception: the message first, then the innermost frames."""
     summary = f"{type(error).__name__}: {error}"
     frames = traceback.format_exception(error)
-    text = summary + "\n" + "".join(frames[-6:])
+    # A NUL byte (e.g. from a binary response body) cannot be stored in a PostgreSQL text column.
+    text = (summary + "\n" + "".join(frames[-6:])).replace("\x00", "\\0")
     return text if len(text) <= limit else text[: limit - 12] + "\n…truncated"
 
 

@@ -144,7 +144,8 @@ class Poller:
         self._monotonic = monotonic
         self._tick = tick  # liveness: called at every page and while batches run
         self._executor = self._new_executor()
-        self._busy_hints: set[str] = set()
+        self._busy_hints: dict[str, int] = {}  # hint → slot of a call given up on but still running
+        self._page_slot: int | None = None  # the slot whose page is being correlated
         self._busy_lock = threading.Lock()
         self._stopping = threading.Event()
         self._running: list[_BatchRun] = []
@@ -173,6 +174,9 @@ class Poller:
         started = time.perf_counter()
         cycle = CycleState()
         cursors = {slot: 0 for slot in self.slot_source.slots()}
+        # Eligibility is judged at one instant for the whole cycle: a retry falling due mid-cycle must not
+        # unblock later messages of its hint on a later page while it is itself behind the cursor.
+        cycle_now = self.store.now() if cursors else None
         while cursors and not self._stopping.is_set():
             for slot in list(cursors):
                 if self._stopping.is_set():
@@ -181,7 +185,8 @@ class Poller:
                     del cursors[slot]
                     continue
                 try:
-                    fetched, last_id = self._run_page(slot, cursors[slot], cycle, result)
+                    assert cycle_now is not None
+                    fetched, last_id = self._run_page(slot, cursors[slot], cycle, cycle_now, result)
                 except DatabaseUnavailable:
                     raise
                 except Exception:  # one slot's trouble must not hold up the others: retried next cycle
@@ -195,7 +200,27 @@ class Poller:
         self.metrics.poll_duration.observe(time.perf_counter() - started)
         return result
 
-    def _run_page(self, slot: int, after: int, cycle: CycleState, result: PollResult) -> tuple[int, int]:
+    def slots_in_use(self) -> set[int]:
+        """Slots that must not change hands yet: the page being correlated, and calls given up but running."""
+        with self._busy_lock:
+            in_use = set(self._busy_hints.values())
+        page_slot = self._page_slot
+        if page_slot is not None:
+            in_use.add(page_slot)
+        return in_use
+
+    def _run_page(
+        self, slot: int, after: int, cycle: CycleState, cycle_now: datetime, result: PollResult
+    ) -> tuple[int, int]:
+        self._page_slot = slot
+        try:
+            return self._correlate_page(slot, after, cycle, cycle_now, result)
+        finally:
+            self._page_slot = None
+
+    def _correlate_page(
+        self, slot: int, after: int, cycle: CycleState, cycle_now: datetime, result: PollResult
+    ) -> tuple[int, int]:
         self._tick()
         try:
             fences = self.slot_source.fences(slot)  # the term this page is read, called and written under
@@ -204,7 +229,7 @@ class Poller:
         now = self.store.now()
         page_started = self._monotonic()
         page = self.store.messages_fetch_eligible(
-            slot=slot, after=after, limit=self.poll.page_size, mode=self.mode, now=now
+            slot=slot, after=after, limit=self.poll.page_size, mode=self.mode, now=cycle_now
         )
         if not page:
             return 0, after
@@ -299,6 +324,8 @@ class Poller:
                     if not (timed_out or out_of_grace) or run.current is None:
                         continue
                     run.abandoned = True
+                    with self._busy_lock:  # under run.lock: the call may return at any moment and unmark it
+                        self._busy_hints[run.batch.hint] = run.batch.messages[0].slot
                     message = run.current
                     if timed_out and not out_of_grace:
                         timeout = self._policy(message.name).handler_timeout
@@ -308,8 +335,6 @@ class Poller:
                         given_up.append(message.id)
                         result.abandoned += 1
                         self.metrics.messages.labels(message.name, "abandoned").inc()
-                with self._busy_lock:
-                    self._busy_hints.add(run.batch.hint)
                 pending.discard(future)
                 # The stuck thread is lost to the pool: give the batches not started yet, and the next pages,
                 # a fresh set of threads.
@@ -355,7 +380,7 @@ class Poller:
                 abandoned = run.abandoned
             if abandoned:
                 with self._busy_lock:
-                    self._busy_hints.discard(run.batch.hint)
+                    self._busy_hints.pop(run.batch.hint, None)
 
     def _call(self, message: Message) -> BaseException | None:
         correlator = self.router.route(message.name)
@@ -366,7 +391,7 @@ class Poller:
             )
         try:
             returned = correlator(message)
-        except Exception as error:  # any handler exception is an outcome, never a crashed worker
+        except BaseException as error:  # any handler exception (even SystemExit) is an outcome, never a crash
             return error
         # A handler may also return an outcome (Retry, PermanentError, Reschedule) instead of raising it.
         return returned if isinstance(returned, Exception) else None

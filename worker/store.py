@@ -26,6 +26,7 @@ from sqlalchemy import (
     Integer,
     Text,
     bindparam,
+    case,
     create_engine,
     event,
     select,
@@ -33,6 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import update as sa_update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, Result, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import InterfaceError as SAInterfaceError
@@ -487,15 +490,18 @@ class Store:
         if message.created_at is not None:
             values["created_at"] = message.created_at
 
+        insert = postgresql_insert if self.dialect == "postgresql" else sqlite_insert
+        # A resend of a known message_id is a no-op, also when two producers race (ON CONFLICT DO NOTHING).
+        statement = (
+            insert(message_table)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["message_id"])
+            .returning(message_table.c.id)
+        )
+
         def work(connection: Connection) -> int | None:
-            if message.message_id is not None:
-                existing = connection.execute(
-                    select(message_table.c.id).where(message_table.c.message_id == message.message_id)
-                ).first()
-                if existing is not None:
-                    return None
-            statement = message_table.insert().values(**values).returning(message_table.c.id)
-            return int(connection.execute(statement).scalar_one())
+            row_id = connection.execute(statement).scalar_one_or_none()
+            return None if row_id is None else int(row_id)
 
         return self._run(work)
 
@@ -541,13 +547,21 @@ class Store:
         return self._run(work)
 
     def messages_requeue(self, selection: MessageFilter) -> int:
-        """Dead → ready with the attempt count reset, due at once; returns how many."""
-        statement = (
-            sa_update(message_table)
-            .where(*_conditions(selection), message_table.c.state == MessageState.DEAD.value)
-            .values(state=MessageState.READY.value, attempt=0, next_attempt_at=None)
-        )
-        return self._run(lambda c: c.execute(statement).rowcount)
+        """Dead → ready with the attempt count reset, due now; returns how many.
+
+        Due *now*, not "on arrival": a poll cycle already under way treats it as not yet due, so that it cannot
+        be overtaken by later messages of its hint on the cycle's later pages.
+        """
+
+        def work(connection: Connection) -> int:
+            statement = (
+                sa_update(message_table)
+                .where(*_conditions(selection), message_table.c.state == MessageState.DEAD.value)
+                .values(state=MessageState.READY.value, attempt=0, next_attempt_at=self._now(connection))
+            )
+            return int(connection.execute(statement).rowcount)
+
+        return self._run(work)
 
     def messages_pause(self, selection: MessageFilter) -> int:
         """Ready → paused (the messages hold back their hints); returns how many."""
@@ -559,13 +573,22 @@ class Store:
         return self._run(lambda c: c.execute(statement).rowcount)
 
     def messages_resume(self, selection: MessageFilter) -> int:
-        """Paused → ready; returns how many."""
-        statement = (
-            sa_update(message_table)
-            .where(*_conditions(selection), message_table.c.state == MessageState.PAUSED.value)
-            .values(state=MessageState.READY.value)
-        )
-        return self._run(lambda c: c.execute(statement).rowcount)
+        """Paused → ready, due no earlier than now (see :meth:`messages_requeue`); returns how many."""
+
+        def work(connection: Connection) -> int:
+            now = self._now(connection)
+            due = message_table.c.next_attempt_at
+            statement = (
+                sa_update(message_table)
+                .where(*_conditions(selection), message_table.c.state == MessageState.PAUSED.value)
+                .values(
+                    state=MessageState.READY.value,
+                    next_attempt_at=case((due.is_(None), now), (due < now, now), else_=due),
+                )
+            )
+            return int(connection.execute(statement).rowcount)
+
+        return self._run(work)
 
     def messages_delete(self, selection: MessageFilter) -> int:
         """Delete the matching messages; returns how many."""

@@ -79,6 +79,10 @@ class Worker:
             self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
             slots = self.leaser
         self.poller = Poller(self.store, self.router, settings, slots, self.metrics, tick=self.heartbeat.tick)
+        if self.leaser is not None:
+            self.leaser.in_use = self.poller.slots_in_use
+        # The leases are kept until the poll loop has returned (a call may run through the shutdown grace).
+        self.leases_done = threading.Event()
         self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics)
         self.gauges = Gauges(self.store, self.metrics)
         self.cleanup_lock = SingletonLock(
@@ -172,6 +176,7 @@ class Worker:
                     threading.Thread(
                         target=self._every,
                         args=("leases", timedelta(0), self.settings.lease.renew_interval, self._leases),
+                        kwargs={"until": self.leases_done},
                         name="leases",
                         daemon=True,
                     )
@@ -205,6 +210,7 @@ class Worker:
         finally:
             # The poll loop has returned: no page is in flight any more, so the leases can go.
             self.poller.close()
+            self.leases_done.set()
             if self.leaser is not None:
                 released = self.leaser.release_all()
                 logger.info("released %d slot leases", released)
@@ -231,10 +237,15 @@ class Worker:
         interval: timedelta,
         work: Callable[[], None],
         alive: Callable[[], None] = lambda: None,
+        until: threading.Event | None = None,
     ) -> None:
-        """Run ``work`` after the initial delay, then every interval, until stopped; ``alive`` is liveness."""
-        self._wait(initial_delay.total_seconds(), alive)
-        while not self.stopping.is_set():
+        """Run ``work`` after the initial delay, then every interval, until ``until`` (default: stopping) is set.
+
+        ``alive`` is called at least every second: liveness.
+        """
+        done = until or self.stopping
+        self._wait(initial_delay.total_seconds(), alive, done)
+        while not done.is_set():
             alive()
             try:
                 work()
@@ -243,13 +254,14 @@ class Worker:
                 logger.warning("%s: %s", name, error)
             except Exception:  # a bug must not kill the loop; it is logged and the loop goes on
                 logger.exception("%s failed", name)
-            self._wait(interval.total_seconds(), alive)
+            self._wait(interval.total_seconds(), alive, done)
 
-    def _wait(self, seconds: float, alive: Callable[[], None]) -> None:
+    def _wait(self, seconds: float, alive: Callable[[], None], done: threading.Event | None = None) -> None:
+        event = done or self.stopping
         remaining = seconds
-        while remaining > 0 and not self.stopping.is_set():
+        while remaining > 0 and not event.is_set():
             step = min(HEARTBEAT_SLICE, remaining)
-            self.stopping.wait(step)
+            event.wait(step)
             remaining -= step
             alive()
 

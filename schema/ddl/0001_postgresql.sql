@@ -35,9 +35,12 @@ CREATE TABLE correlation_message (
     CONSTRAINT correlation_message_message_id_not_empty CHECK (message_id <> ''),
     CONSTRAINT correlation_message_ttl_not_negative CHECK (time_to_live >= interval '0'),
     CONSTRAINT correlation_message_ttl_at_most_1000_years CHECK (time_to_live <= interval '1000 years'),
-    CONSTRAINT correlation_message_created_at_finite CHECK (isfinite(created_at)),
-    -- 'infinity' is refused: leave expires_at NULL for a message that never expires.
-    CONSTRAINT correlation_message_expires_at_finite CHECK (isfinite(expires_at)),
+    -- Finite and before the year 10000 (what clients can read); 'infinity' is refused: leave expires_at NULL
+    -- for a message that never expires.
+    CONSTRAINT correlation_message_created_at_readable
+        CHECK (isfinite(created_at) AND created_at < '10000-01-01 00:00:00+00'),
+    CONSTRAINT correlation_message_expires_at_readable
+        CHECK (isfinite(expires_at) AND expires_at < '10000-01-01 00:00:00+00'),
     CONSTRAINT correlation_message_expires_after_created CHECK (expires_at >= created_at),
     CONSTRAINT correlation_message_headers_object CHECK (jsonb_typeof(headers) = 'object'),
     CONSTRAINT correlation_message_attempt_not_negative CHECK (attempt >= 0),

@@ -273,3 +273,44 @@ def test_concurrent_batches_never_run_one_hint_twice_at_once(store: Store, concu
     for hint in range(12):
         assert recorder.seqs(f"h{hint}") == list(range(20))
     assert rows(store) == []
+
+
+def test_a_retry_falling_due_mid_cycle_is_not_overtaken_by_its_hint_on_a_later_page(store: Store) -> None:
+    """Page 1 takes long enough for an earlier retry to fall due; page 2 must still hold its hint back."""
+    recorder = Recorder(delay=0.3)
+    slot = _slot_of(store, ["h"])[0]
+    candidates = [f"f{i}" for i in range(2000)]
+    same_slot = [h for h, s in zip(candidates, _slot_of(store, candidates), strict=True) if s == slot][:4]
+    waiting = send(store, "h", 1)
+    for hint in same_slot:  # page 1 of the slot: four calls of 0.3 s each, after which the retry is due
+        send(store, hint, 0)
+    later = send(store, "h", 2)  # page 2
+    set_columns_in(store, waiting, attempt=1, due_in=0.6)
+    make_poller(store, recorder, settings(poll={"page_size": 4})).run_once()
+    assert len(recorder.calls) == 4
+    assert recorder.seqs("h") == []
+    assert store.messages_get(later) is not None
+
+
+def _slot_of(store: Store, hints: list[str]) -> list[int]:
+    from sqlalchemy import text
+
+    with store.engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT ((hashtext(h) % 64) + 64) % 64 FROM unnest(CAST(:hints AS text[])) WITH ORDINALITY AS t(h, n) "
+                 "ORDER BY n"),
+            {"hints": hints},
+        )
+        return [int(row[0]) for row in rows]
+
+
+def set_columns_in(store: Store, row_id: int, attempt: int, due_in: float) -> None:
+    from sqlalchemy import update
+
+    from worker.schema import message_table
+
+    due = store.now() + timedelta(seconds=due_in)
+    with store.engine.begin() as connection:
+        connection.execute(
+            update(message_table).where(message_table.c.id == row_id).values(attempt=attempt, next_attempt_at=due)
+        )

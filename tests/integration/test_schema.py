@@ -124,3 +124,9 @@ def test_infinite_or_unreadable_times_are_rejected(any_store: Store, conn: Conne
         rejected(conn, "correlation_message_created_at_utc_text", columns=", created_at",
                  values=", 'yesterday'")
         insert(conn, columns=", created_at, expires_at", values=", '2030-01-01 10:00:00', '2030-01-02 10:00:00.5'")
+
+
+def test_times_past_the_year_9999_are_rejected_on_postgresql(store: Store) -> None:
+    with store.engine.connect() as connection:
+        rejected(connection, "correlation_message_expires_at_readable", columns=", expires_at",
+                 values=", '9999-12-31 23:00-05'")

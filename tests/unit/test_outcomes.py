@@ -82,3 +82,7 @@ def test_backoff_delays_of_a_policy_with_full_jitter_stay_in_range() -> None:
         d = resolve(message(1, attempt=attempt), Retry(), policy, T0, POLL)
         assert d.next_attempt_at is not None
         assert seconds(3) <= d.next_attempt_at - T0 <= timedelta(seconds=upper)
+
+
+def test_error_text_never_carries_a_nul_byte() -> None:
+    assert "\x00" not in describe_exception(RuntimeError("binary \x00 body"))
