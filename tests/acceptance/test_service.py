@@ -237,6 +237,8 @@ def test_counters_and_histograms_move_as_messages_are_correlated(pg_db: Database
         return (
             value(samples, "correlation_messages_total", message_name="order.paid", outcome="success") >= 5
             and value(samples, "correlation_messages_total", message_name="order.refunded", outcome="retry") >= 3
+            # the cycle that counted them has ended (a cycle is observed when it ends)
+            and value(samples, "correlation_poll_duration_seconds_count") > polls_before + 1
         )
 
     wait_until(counted, what="the outcomes to be counted", workers=[process])
