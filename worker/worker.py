@@ -22,7 +22,7 @@ from worker.endpoint import Endpoint, Heartbeat
 from worker.gauges import Gauges
 from worker.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
 from worker.metrics import Metrics
-from worker.poller import AllSlots, Poller, SlotSource
+from worker.poller import Poller
 from worker.schema import head_revision
 from worker.store import DatabaseUnavailable, Store, StoreError
 
@@ -72,15 +72,13 @@ class Worker:
         self.router = Router.from_settings(settings.correlators)
         self.heartbeat = Heartbeat()
         self.stopping = threading.Event()
-        # PostgreSQL: lease a share of the slots, fenced. SQLite: one replica owns every slot.
-        self.leaser: SlotLeaser | None = None
-        slots: SlotSource = AllSlots(self.store.slot_count)
-        if self.store.slot_count > 1:
-            self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
-            slots = self.leaser
-        self.poller = Poller(self.store, self.router, settings, slots, self.metrics, tick=self.heartbeat.tick)
-        if self.leaser is not None:
-            self.leaser.in_use = self.poller.slots_in_use
+        # Slots are leased, fenced, on PostgreSQL (64 of them) and on SQLite (one: a second process on the same
+        # file waits instead of correlating the same hints).
+        self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
+        self.poller = Poller(
+            self.store, self.router, settings, self.leaser, self.metrics, tick=self.heartbeat.tick
+        )
+        self.leaser.in_use = self.poller.slots_in_use
         # The leases are kept until the poll loop has returned (a call may run through the shutdown grace).
         self.leases_done = threading.Event()
         self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics)
@@ -171,18 +169,12 @@ class Worker:
             self.router.describe(),
         )
         background = [
-            *(
-                [
-                    threading.Thread(
-                        target=self._every,
-                        args=("leases", timedelta(0), self.settings.lease.renew_interval, self._leases),
-                        kwargs={"until": self.leases_done},
-                        name="leases",
-                        daemon=True,
-                    )
-                ]
-                if self.leaser is not None
-                else []
+            threading.Thread(
+                target=self._every,
+                args=("leases", timedelta(0), self.settings.lease.renew_interval, self.leaser.run_once),
+                kwargs={"until": self.leases_done},
+                name="leases",
+                daemon=True,
             ),
             threading.Thread(
                 target=self._every,
@@ -211,9 +203,8 @@ class Worker:
             # The poll loop has returned: no page is in flight any more, so the leases can go.
             self.poller.close()
             self.leases_done.set()
-            if self.leaser is not None:
-                released = self.leaser.release_all()
-                logger.info("released %d slot leases", released)
+            released = self.leaser.release_all()
+            logger.info("released %d slot leases", released)
             for thread in background:
                 thread.join(timeout=5)
             self.cleanup_lock.release()
@@ -274,10 +265,6 @@ class Worker:
                 result.pages,
                 ", ".join(f"{k}={v}" for k, v in sorted(result.outcomes.items())) or "none taken",
             )
-
-    def _leases(self) -> None:
-        assert self.leaser is not None
-        self.leaser.run_once()
 
     def _gauges(self) -> None:
         if self.gauges_lock.acquire():
