@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
-from harness import Database, StartWorker, WorkerProcess, wait_until, worker_env
+from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, wait_until, worker_env
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from psycopg.rows import dict_row
@@ -73,13 +73,13 @@ def noisy(message: worker.Message) -> None:
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-class ReconnectingDatabase(Database):
+class ReconnectingDatabase(PostgresDatabase):
     """A PostgreSQL database reached with a new connection per statement, so that it outlives a restart.
 
     It has no recorder journal: workers on it use the ``log`` correlator.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str) -> None:  # no long-lived connection, no journal table
         self.url = url
         self.dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self.recorder_env = {}
@@ -90,14 +90,8 @@ class ReconnectingDatabase(Database):
             cursor = connection.execute(sql, params)
             return cursor.fetchall() if cursor.description else []
 
-    def insert(self, name: str, hint: str, payload: object) -> int:
-        """INSERT one message as a producer does; returns its id."""
-        rows = self.execute(
-            "INSERT INTO correlation_message (message_name, correlation_hint, payload)"
-            " VALUES (%s, %s, %s::jsonb) RETURNING id",
-            (name, hint, json.dumps(payload)),
-        )
-        return int(rows[0]["id"])
+    def close(self) -> None:
+        """Nothing stays open."""
 
 
 def with_password(url: str) -> str:
