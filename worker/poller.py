@@ -58,7 +58,7 @@ class SlotSource(Protocol):
 
 
 class AllSlots:
-    """Every slot, unfenced: the single replica of a SQLite database, or one replica in tests."""
+    """Every slot, unfenced: a poller without leases (tests, benchmarks, embedding in another program)."""
 
     def __init__(self, slot_count: int) -> None:
         self._slots = tuple(range(slot_count))
