@@ -338,7 +338,7 @@ class Store:
 
     @property
     def slot_count(self) -> int:
-        """How many slots hints are spread over (one on SQLite, where a single replica owns them all)."""
+        """How many slots hints are spread over (one on SQLite: one process at a time works on the file)."""
         return SLOT_COUNT if self.dialect == "postgresql" else 1
 
     # -- plumbing ---------------------------------------------------------------------------------------
