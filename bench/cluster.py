@@ -49,8 +49,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
 from worker.config import DatabaseSettings
-from worker.leases import SLOT_PREFIX
-from worker.store import Store, StoreError, build_engine, normalise_url
+from worker.db.store import Store, StoreError, build_engine, normalise_url
+from worker.engine.leases import SLOT_PREFIX
 
 BENCH_DIR = Path(__file__).resolve().parent
 CORRELATOR = "noop_correlator:correlate"  # bench/noop_correlator.py, on the workers' PYTHONPATH

@@ -45,10 +45,10 @@ from sqlalchemy.engine import make_url
 
 from worker.config import DatabaseSettings, MetricsSettings, PollSettings, Settings
 from worker.correlators import Router
-from worker.leases import SlotLeaser
+from worker.db.store import Store, StoreError, build_engine, normalise_url
+from worker.engine.leases import SlotLeaser
+from worker.engine.poller import AllSlots, Poller, SlotSource
 from worker.message import Message
-from worker.poller import AllSlots, Poller, SlotSource
-from worker.store import Store, StoreError, build_engine, normalise_url
 
 URL_ENV = "CORRELATION_BENCH_DATABASE_URL"
 LOCAL_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/"

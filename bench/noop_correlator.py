@@ -15,7 +15,7 @@ import logging
 
 from worker.message import Message
 
-ENDPOINT_LOGGER = "worker.endpoint"
+ENDPOINT_LOGGER = "worker.service.endpoint"
 
 logging.getLogger(ENDPOINT_LOGGER).setLevel(logging.INFO)
 

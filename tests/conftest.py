@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from worker.config import DatabaseSettings
-from worker.store import Store, build_engine
+from worker.db.store import Store, build_engine
 
 TEST_URL_ENV = "CORRELATION_TEST_DATABASE_URL"
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

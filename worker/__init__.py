@@ -6,7 +6,7 @@ Handlers import their outcomes and the message type from here::
 """
 
 from worker.message import Message, MessageState
-from worker.outcomes import PermanentError, Reschedule, Retry
+from worker.policy.outcomes import PermanentError, Reschedule, Retry
 
 __all__ = ["Message", "MessageState", "PermanentError", "Reschedule", "Retry"]
 __version__ = "0.1.0"

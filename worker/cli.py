@@ -13,12 +13,12 @@ from typing import Any, NoReturn
 
 import click
 
-from worker import admin
+from worker.admin import operations as admin
 from worker.config import ConfigError, Settings, load_settings, parse_duration, redact_url
 from worker.correlators import Router
-from worker.logs import configure_logging
+from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import MessageState
-from worker.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
+from worker.service.logs import configure_logging
 from worker.worker import StartupError, Worker, lease_config, replica_identity
 
 

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
 
-from worker.cleanup import Cleanup
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
-from worker.endpoint import Endpoint, Heartbeat
-from worker.gauges import Gauges
-from worker.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
-from worker.metrics import Metrics
-from worker.poller import Poller
-from worker.schema import head_revision
-from worker.store import DatabaseUnavailable, Store, StoreError
+from worker.db.schema import head_revision
+from worker.db.store import DatabaseUnavailable, Store, StoreError
+from worker.engine.cleanup import Cleanup
+from worker.engine.gauges import Gauges
+from worker.engine.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
+from worker.engine.poller import Poller
+from worker.service.endpoint import Endpoint, Heartbeat
+from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

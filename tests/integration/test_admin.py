@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.integration.test_slot_leases import leaser
-from worker import admin
-from worker.store import NewMessage, Store
+from worker.admin import operations as admin
+from worker.db.store import NewMessage, Store
 
 
 def test_status_shows_counts_and_which_replica_holds_how_many_slots(store: Store) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.integration.test_slot_leases import leaser
-from worker.store import Store
+from worker.db.store import Store
 
 
 def test_a_surplus_slot_in_use_is_kept_until_the_poller_is_done_with_it(store: Store) -> None:

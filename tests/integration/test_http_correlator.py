@@ -14,7 +14,7 @@ from tests.unit.factories import message
 from worker.config import ConfigError
 from worker.correlators import Router
 from worker.correlators.http import HttpCorrelator
-from worker.outcomes import PermanentError, Retry
+from worker.policy.outcomes import PermanentError, Retry
 
 
 class Target:

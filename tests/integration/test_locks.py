@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from worker.outcomes import Disposition, Kind
-from worker.store import Fence, InvalidLockName, LeaseLost, LockRow, NewMessage, Store
+from worker.db.store import Fence, InvalidLockName, LeaseLost, LockRow, NewMessage, Store
+from worker.policy.outcomes import Disposition, Kind
 
 LONG = timedelta(minutes=5)
 SHORT = timedelta(milliseconds=200)

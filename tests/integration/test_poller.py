@@ -13,10 +13,10 @@ import pytest
 
 from worker.config import Settings
 from worker.correlators import Router
+from worker.db.store import MessageFilter, NewMessage, Store
+from worker.engine.poller import AllSlots, Poller
 from worker.message import Message, MessageState
-from worker.outcomes import PermanentError, Reschedule
-from worker.poller import AllSlots, Poller
-from worker.store import MessageFilter, NewMessage, Store
+from worker.policy.outcomes import PermanentError, Reschedule
 
 
 @dataclass
@@ -80,7 +80,7 @@ def send(store: Store, hint: str, seq: int, name: str = "order.paid", **payload:
 def set_due_now(store: Store, row_id: int) -> None:
     from sqlalchemy import update
 
-    from worker.schema import message_table
+    from worker.db.schema import message_table
 
     with store.engine.begin() as connection:
         connection.execute(
@@ -307,7 +307,7 @@ def _slot_of(store: Store, hints: list[str]) -> list[int]:
 def set_columns_in(store: Store, row_id: int, attempt: int, due_in: float) -> None:
     from sqlalchemy import update
 
-    from worker.schema import message_table
+    from worker.db.schema import message_table
 
     due = store.now() + timedelta(seconds=due_in)
     with store.engine.begin() as connection:

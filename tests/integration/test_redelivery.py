@@ -7,10 +7,10 @@ from sqlalchemy import text
 from tests.integration.test_slot_leases import SHORT, STEADY, leaser, wait_until
 from worker.config import Settings
 from worker.correlators import Router
+from worker.db.store import NewMessage, Store
+from worker.engine.poller import Poller
 from worker.message import Message
-from worker.metrics import Metrics
-from worker.poller import Poller
-from worker.store import NewMessage, Store
+from worker.service.metrics import Metrics
 
 
 def in_flight_marks(store: Store) -> dict[str, str]:

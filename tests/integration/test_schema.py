@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DataError, IntegrityError
 
-from worker.store import Store
+from worker.db.store import Store
 
 GOOD = {"name": "order.paid", "hint": "order-1", "payload": '{"amount": 3}'}
 

@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 
-from worker.leases import MEMBER_PREFIX, SlotLeaseConfig, SlotLeaser, member_lock_name, slot_lock_name
-from worker.metrics import Metrics
-from worker.outcomes import Disposition, Kind
-from worker.store import LeaseLost, NewMessage, Store
+from worker.db.store import LeaseLost, NewMessage, Store
+from worker.engine.leases import MEMBER_PREFIX, SlotLeaseConfig, SlotLeaser, member_lock_name, slot_lock_name
+from worker.policy.outcomes import Disposition, Kind
+from worker.service.metrics import Metrics
 
 S = 64
 DEADLINE = 15.0  # seconds; only a guard against hanging

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from worker.batching import eligible
 from worker.config import Mode
+from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store
 from worker.message import MessageState
-from worker.outcomes import Disposition, Kind
-from worker.store import MessageFilter, MessageRejected, NewMessage, Store
+from worker.policy.batching import eligible
+from worker.policy.outcomes import Disposition, Kind
 
 
 def add(store: Store, hint: str = "h", name: str = "order.paid", **columns: Any) -> int:
@@ -33,7 +33,7 @@ def set_columns(store: Store, row_id: int, **columns: Any) -> None:
         values["created_at"] = min(values["expires_at"], now)
     from sqlalchemy import update
 
-    from worker.schema import message_table
+    from worker.db.schema import message_table
 
     with store.engine.begin() as connection:
         connection.execute(update(message_table).where(message_table.c.id == row_id).values(**values))
@@ -205,7 +205,7 @@ def test_expired_messages_are_deleted_in_bounded_chunks(any_store: Store) -> Non
 
 
 def _plan(store: Store, mode: Mode, slot: int) -> dict[str, Any]:
-    from worker.store import _eligible_sql
+    from worker.db.store import _eligible_sql
 
     sql = _eligible_sql(mode, by_slot=True)
     params = {"after": 0, "limit": 100, "now": store.now(), "slot": slot}

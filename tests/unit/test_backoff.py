@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from worker.backoff import retry_delay
 from worker.config import Jitter
+from worker.policy.backoff import retry_delay
 
 MINUTE = timedelta(minutes=1)
 

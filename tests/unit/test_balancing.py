@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from worker.leases import (
+from worker.engine.leases import (
     Balance,
     SlotLeaseConfig,
     balance,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tests.unit.factories import T0, message, seconds
-from worker.batching import CycleState, eligible, plan_batches
 from worker.config import Mode
 from worker.message import MessageState
+from worker.policy.batching import CycleState, eligible, plan_batches
 
 
 def ids(messages: list) -> list[int]:  # type: ignore[type-arg]

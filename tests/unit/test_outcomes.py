@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from tests.unit.factories import T0, message, seconds
 from worker.config import Policy
-from worker.outcomes import HandlerTimeout, Kind, PermanentError, Reschedule, Retry, describe_exception, resolve
+from worker.policy.outcomes import HandlerTimeout, Kind, PermanentError, Reschedule, Retry, describe_exception, resolve
 
 POLL = seconds(6)
 EXAMPLE = Policy(

@@ -1,8 +1,8 @@
 """Correlators: where a message goes. Routed by ``message_name``, with ``*`` as the fallback.
 
 A correlator is any callable taking a :class:`~worker.message.Message`. Returning means success; raising
-means retry, except :class:`~worker.outcomes.PermanentError` (dead) and :class:`~worker.outcomes.Reschedule`
-(not yet). Routes come from ``CORRELATION_CORRELATORS``::
+means retry, except :class:`~worker.policy.outcomes.PermanentError` (dead) and
+:class:`~worker.policy.outcomes.Reschedule` (not yet). Routes come from ``CORRELATION_CORRELATORS``::
 
     {"order.paid": "shop.handlers:on_paid", "*": "log"}
 """

@@ -20,7 +20,7 @@ import httpx
 
 from worker.config import ConfigError, parse_duration
 from worker.message import Message
-from worker.outcomes import PermanentError, Retry
+from worker.policy.outcomes import PermanentError, Retry
 
 NOT_WAITING_MARKERS = ("no process definition or execution matches", "cannot correlate message")
 BODY_HEAD = 500

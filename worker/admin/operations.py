@@ -1,6 +1,6 @@
 """Operator actions on the message table, shared by the CLI (and later an HTTP API).
 
-Each action takes a :class:`~worker.store.MessageFilter` and returns plain data ready to print as JSON.
+Each action takes a :class:`~worker.db.store.MessageFilter` and returns plain data ready to print as JSON.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from datetime import timedelta
 from typing import Any
 
 from worker.config import format_duration
-from worker.leases import SLOT_PREFIX
+from worker.db.store import MessageFilter, StateCounts, Store
+from worker.engine.leases import SLOT_PREFIX
 from worker.message import Message
-from worker.store import MessageFilter, StateCounts, Store
 
 
 class AdminError(Exception):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from worker.backoff import retry_delay
 from worker.config import Policy
 from worker.message import Message
+from worker.policy.backoff import retry_delay
 
 ERROR_HEAD_LIMIT = 2000
 

@@ -24,10 +24,10 @@ the same replica. Renewal and release happen only ``WHERE locked_by = me AND fen
 **Why a commit is fenced.** A replica can stop between reading a page and writing its results (a long
 garbage collection, a frozen VM, a lost network). Meanwhile its lease expires, another replica takes the
 slot with fence n + 1 and correlates the same messages. When the first one wakes up it must not write its
-stale results over the new owner's. So :meth:`worker.store.Store.messages_record_results` first locks the
+stale results over the new owner's. So :meth:`worker.db.store.Store.messages_record_results` first locks the
 slot's row (``SELECT … FOR UPDATE``) and checks, in the same transaction as the writes, that holder and
 fence are unchanged and the term still runs; otherwise it writes nothing and raises
-:class:`~worker.store.LeaseLost`. Holding the row lock until commit means nobody can take the slot over in
+:class:`~worker.db.store.LeaseLost`. Holding the row lock until commit means nobody can take the slot over in
 between.
 
 **Stop acting before lock_until.** Fencing protects the table, not the correlation target: a call already
@@ -55,8 +55,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from worker.metrics import Metrics
-from worker.store import Fence, LeaseLost, LockRow, Store, StoreError
+from worker.db.store import Fence, LeaseLost, LockRow, Store, StoreError
+from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class SlotLeaser:
     def run_once(self) -> LeaseRound:
         """One round: renew the held slots, keep membership, take the fair share, hand back surplus.
 
-        Raises :class:`~worker.store.DatabaseUnavailable` when the database cannot be reached; leases not
+        Raises :class:`~worker.db.store.DatabaseUnavailable` when the database cannot be reached; leases not
         renewed meanwhile stop being offered at their local deadline.
         """
         with self._round:

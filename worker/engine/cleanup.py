@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.config import CleanupSettings
-from worker.metrics import Metrics
-from worker.store import Store
+from worker.db.store import Store
+from worker.service.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.metrics import Metrics
-from worker.store import StateCounts, Store
+from worker.db.store import StateCounts, Store
+from worker.service.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from worker.batching import Batch, CycleState, plan_batches
 from worker.config import Mode, Policy, PollSettings, Settings
 from worker.correlators import Router
+from worker.db.store import DatabaseUnavailable, Fence, LeaseLost, Store
 from worker.message import Message
-from worker.metrics import Metrics
-from worker.outcomes import Disposition, HandlerTimeout, Kind, PermanentError, resolve
-from worker.store import DatabaseUnavailable, Fence, LeaseLost, Store
+from worker.policy.batching import Batch, CycleState, plan_batches
+from worker.policy.outcomes import Disposition, HandlerTimeout, Kind, PermanentError, resolve
+from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -43,9 +43,7 @@ from sqlalchemy.sql import ColumnElement, TextClause
 from sqlalchemy.sql.expression import TextualSelect
 
 from worker.config import DatabaseSettings, Mode
-from worker.message import Message, MessageState
-from worker.outcomes import Disposition, Kind
-from worker.schema import (
+from worker.db.schema import (
     LOCK_NAME_MAX_LENGTH,
     SLOT_COUNT,
     Document,
@@ -57,6 +55,8 @@ from worker.schema import (
     message_table,
     migrate,
 )
+from worker.message import Message, MessageState
+from worker.policy.outcomes import Disposition, Kind
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from worker.metrics import Metrics
+from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

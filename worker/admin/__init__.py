@@ -1,0 +1,1 @@
+"""Operator actions shared by the CLI (and the HTTP API and pages)."""

@@ -1,0 +1,1 @@
+"""The one seam to the database: the schema and the store that owns every statement."""

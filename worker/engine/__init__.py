@@ -1,0 +1,1 @@
+"""Background services of a replica: slot leases, correlation, cleanup, the state census."""

@@ -1,0 +1,1 @@
+"""The process as a service: the HTTP endpoint, metrics and logs."""
