@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 
 from alembic import op
 
+# A dollar-quoted body (``$$ … $$`` or ``$tag$ … $tag$``): its semicolons do not end a statement.
+_DOLLAR_QUOTE = re.compile(r"\$([A-Za-z_]*)\$")
+
 
 def statements(revision: str, dialect: str) -> list[str]:
-    """The statements of one DDL file, comments dropped, split on semicolons."""
+    """The statements of one DDL file, comment lines dropped, split on semicolons outside dollar quotes."""
     text = (resources.files("worker.migrations") / "ddl" / f"{revision}_{dialect}.sql").read_text()
     lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
-    return [statement.strip() for statement in "\n".join(lines).split(";") if statement.strip()]
+    return split("\n".join(lines))
+
+
+def split(text: str) -> list[str]:
+    """Split SQL text on the semicolons that end statements (not those inside ``$$`` function bodies)."""
+    result: list[str] = []
+    start = position = 0
+    while position < len(text):
+        quote = _DOLLAR_QUOTE.match(text, position)
+        if quote:
+            end = text.find(quote.group(0), quote.end())
+            if end < 0:
+                raise ValueError(f"unterminated dollar quote {quote.group(0)} in DDL")
+            position = end + len(quote.group(0))
+            continue
+        if text[position] == ";":
+            result.append(text[start:position].strip())
+            start = position + 1
+        position += 1
+    result.append(text[start:].strip())
+    return [statement for statement in result if statement]
 
 
 def apply(revision: str) -> None:

@@ -131,6 +131,19 @@ class DatabaseSettings(_Section):
     auto_migrate: bool = True
     pool_size: int = Field(default=5, ge=1)
     connect_timeout: Duration = timedelta(seconds=5)
+    # Every worker statement waits at most this long for a row or table lock held by another session.
+    lock_timeout: Duration = timedelta(seconds=2)
+    # Every worker statement is cancelled after this long.
+    statement_timeout: Duration = timedelta(seconds=30)
+    # TCP keepalives: a half-open connection (a peer that vanished) is detected within about 2x this.
+    keepalive: Duration = timedelta(seconds=10)
+
+    @field_validator("lock_timeout", "statement_timeout", "keepalive")
+    @classmethod
+    def _positive_timeout(cls, value: timedelta) -> timedelta:
+        if value < timedelta(milliseconds=1):
+            raise ValueError("must be at least PT0.001S")
+        return value
 
     @field_validator("url")
     @classmethod
@@ -146,8 +159,9 @@ class PollSettings(_Section):
     initial_delay: Duration = timedelta(seconds=10)
     interval: Duration = timedelta(seconds=6)
     page_size: int = Field(default=100, ge=1, le=10_000)
-    # Batches (hints) correlated at the same time inside one replica; one hint is never run twice at once.
-    concurrency: int = Field(default=1, ge=1, le=256)
+    # Correlator calls running at the same time inside one replica, across all its slots (one lane per hint;
+    # one hint never has two calls at once).
+    concurrency: int = Field(default=8, ge=1, le=256)
 
     @field_validator("interval")
     @classmethod
@@ -177,6 +191,7 @@ class PolicyOverride(_Section):
     handler_timeout: Duration | None = None
     timeout_outcome: TimeoutOutcome | None = None
     reschedule_delay: Duration | None = None
+    poison_after: int | None = Field(default=None, ge=0, le=1000)
 
     @model_validator(mode="before")
     @classmethod
@@ -206,6 +221,8 @@ class Policy(_Section):
     handler_timeout: Duration = timedelta(seconds=30)
     timeout_outcome: TimeoutOutcome = TimeoutOutcome.RETRY
     reschedule_delay: Duration = timedelta(minutes=1)
+    # A message during whose calls its replica died this many times is dead (0: never).
+    poison_after: int = Field(default=3, ge=0, le=1000)
 
     @field_validator("batch_size")
     @classmethod
@@ -260,16 +277,34 @@ class ReplicaSettings(_Section):
 class LeaseSettings(_Section):
     """Slot leases on PostgreSQL: how long a term lasts and how it is kept (DESIGN.md §4).
 
-    A crashed replica's slots are taken over within ``duration + renew_interval``.
+    A crashed replica's slots are taken over within ``duration + renew_interval``. A correlator call never
+    starts unless it can end (its handler timeout) before the lease could: the handler timeout must fit in
+    ``duration - renew_interval - safety_margin``.
     """
 
-    duration: Duration = timedelta(seconds=30)
+    duration: Duration = timedelta(seconds=40)
     # At most a third of the duration, so that two renewals can fail before a term ends.
-    renew_interval: Duration = timedelta(seconds=10)
+    renew_interval: Duration = timedelta(seconds=5)
     # A slot stops being polled this long before its term could end.
     safety_margin: Duration = timedelta(seconds=5)
     # A slot handed back to balance the cluster is withheld this long before release (a page may be in flight).
     drain: Duration = timedelta(seconds=5)
+
+
+class OrderSettings(_Section):
+    """The commit-order horizon: how long a running producer transaction may hold back later messages."""
+
+    # A message is never correlated while an earlier id of its hint may still commit; a producer transaction
+    # open longer than this stops holding the others back (DESIGN.md §3, README "Order").
+    max_wait: Duration = timedelta(seconds=5)
+
+
+class NotifySettings(_Section):
+    """Wake-ups: LISTEN for the producers' NOTIFY on PostgreSQL; watch the file's version on SQLite."""
+
+    enabled: bool = True
+    # SQLite: how often the file is checked for commits by other processes.
+    sqlite_check_interval: Duration = timedelta(milliseconds=100)
 
 
 class ShutdownSettings(_Section):
@@ -302,6 +337,8 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     replica: ReplicaSettings = ReplicaSettings()
     lease: LeaseSettings = LeaseSettings()
+    order: OrderSettings = OrderSettings()
+    notify: NotifySettings = NotifySettings()
     shutdown: ShutdownSettings = ShutdownSettings()
 
     @field_validator("correlators")
@@ -330,6 +367,14 @@ class Settings(BaseSettings):
     def policy_for(self, message_name: str) -> Policy:
         """The effective policy of a message name: the global one with its override applied."""
         return self.policy.merged(self.policies.get(message_name))
+
+    def longest_handler_timeout(self) -> tuple[timedelta, str]:
+        """The longest handler timeout of any policy, and the setting that gives it."""
+        longest, setting = self.policy.handler_timeout, f"{ENV_PREFIX}POLICY__HANDLER_TIMEOUT"
+        for name, override in self.policies.items():
+            if override.handler_timeout is not None and override.handler_timeout > longest:
+                longest, setting = override.handler_timeout, f"{ENV_PREFIX}POLICIES[{name}].handler_timeout"
+        return longest, setting
 
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as JSON-ready data, with the database password hidden."""

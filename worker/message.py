@@ -1,12 +1,20 @@
-"""The message as handlers and the store see it: an immutable value."""
+"""The message as handlers and the store see it: an immutable value, and the limits a row must keep."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
+
+# Limits of a row, enforced by named constraints of the schema and kept by everything the worker writes.
+PAYLOAD_MAX_BYTES = 1_048_576  # correlation_message_payload_at_most_1_mib (JSON text, UTF-8)
+HEADERS_MAX_BYTES = 65_536  # correlation_message_headers_at_most_64_kib
+COUNTER_MAX = 1_000_000_000  # attempt, reschedule_count, lost_calls: correlation_message_…_at_most_a_billion
+# The latest next_attempt_at the worker writes: the schema refuses 9999-12-31 and later, which some drivers
+# cannot read in every time zone.
+NEXT_ATTEMPT_MAX = datetime(9999, 12, 30, tzinfo=UTC)
 
 
 class MessageState(StrEnum):
@@ -19,7 +27,11 @@ class MessageState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One row of ``correlation_message``. ``payload`` and ``headers`` are read-only mappings."""
+    """One row of ``correlation_message``. ``payload`` and ``headers`` are read-only mappings.
+
+    ``lost_calls`` counts earlier calls of this message whose outcome was never recorded (their replica died
+    or lost its lease): a handler that sees ``redelivered`` may already have acted on the message once.
+    """
 
     id: int
     message_id: str | None
@@ -36,6 +48,13 @@ class Message:
     last_error: str | None
     state: MessageState
     slot: int
+    lost_calls: int = 0
+    crashed_calls: int = 0
+
+    @property
+    def redelivered(self) -> bool:
+        """True when an earlier call of this message may have reached the target without being recorded."""
+        return self.lost_calls > 0
 
     def is_expired(self, now: datetime) -> bool:
         """True once ``expires_at`` has passed: the message is never correlated again."""

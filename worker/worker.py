@@ -17,12 +17,13 @@ from types import FrameType
 
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
+from worker.db.listener import Listener
 from worker.db.schema import head_revision
 from worker.db.store import DatabaseUnavailable, Store, StoreError
 from worker.engine.cleanup import Cleanup
+from worker.engine.engine import Engine
 from worker.engine.gauges import Gauges
 from worker.engine.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
-from worker.engine.poller import Poller
 from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import Metrics
 
@@ -33,12 +34,24 @@ HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while 
 
 
 def lease_config(settings: Settings) -> SlotLeaseConfig:
-    """The slot lease settings, checked together; a bad combination is a ConfigError naming them."""
+    """The slot lease settings, checked together and against the handler timeouts; a bad combination is a
+    ConfigError naming the settings."""
     lease = settings.lease
     try:
-        return SlotLeaseConfig(lease.duration, lease.renew_interval, lease.safety_margin, lease.drain)
+        config = SlotLeaseConfig(lease.duration, lease.renew_interval, lease.safety_margin, lease.drain)
     except ValueError as error:
         raise ConfigError(f"invalid setting CORRELATION_LEASE__*: {error}") from None
+    timeout, setting = settings.longest_handler_timeout()
+    room = lease.duration - lease.renew_interval - lease.safety_margin
+    if timeout > room:
+        raise ConfigError(
+            f"invalid setting {setting}: a call may take {format_duration(timeout)} but must end before its slot "
+            f"lease could: at most CORRELATION_LEASE__DURATION ({format_duration(lease.duration)}) minus "
+            f"__RENEW_INTERVAL ({format_duration(lease.renew_interval)}) minus __SAFETY_MARGIN "
+            f"({format_duration(lease.safety_margin)}) = {format_duration(room)}; shorten the timeout or "
+            "lengthen the lease"
+        )
+    return config
 
 
 def singleton_lease(interval: timedelta) -> timedelta:
@@ -75,14 +88,20 @@ class Worker:
         # Slots are leased, fenced, on PostgreSQL (64 of them) and on SQLite (one: a second process on the same
         # file waits instead of correlating the same hints).
         self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
-        self.poller = Poller(
-            self.store, self.router, settings, self.leaser, self.metrics, tick=self.heartbeat.tick
+        self.engine = Engine(
+            self.store, self.router, settings, self.leaser, self.metrics, self.replica_id, tick=self.heartbeat.tick
         )
-        self.leaser.in_use = self.poller.slots_in_use
-        # The leases are kept until the poll loop has returned (a call may run through the shutdown grace).
+        self.leaser.in_use = self.engine.slots_in_use
+        self.leaser.on_acquired = self.engine.wake
+        self.listener = (
+            Listener(settings.database, settings.notify, self.engine.wake, self.metrics)
+            if settings.notify.enabled
+            else None
+        )
+        # The leases are kept until the engine has stopped (a call may run through the shutdown grace).
         self.leases_done = threading.Event()
         self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics)
-        self.gauges = Gauges(self.store, self.metrics)
+        self.gauges = Gauges(self.store, self.metrics, settings.policy.mode)
         self.cleanup_lock = SingletonLock(
             self.store, "cleanup", self.replica_id, singleton_lease(settings.cleanup.interval)
         )
@@ -108,9 +127,8 @@ class Worker:
         self.stop()
 
     def stop(self) -> None:
-        """Stop polling; the current calls finish (or are abandoned after the shutdown grace)."""
+        """Stop correlating; the current calls finish (or are abandoned after the shutdown grace)."""
         self.stopping.set()
-        self.poller.request_stop()
 
     def prepare_schema(self) -> None:
         """Wait for the database, then migrate (``auto_migrate``) or refuse an out-of-date schema."""
@@ -144,13 +162,23 @@ class Worker:
             return str(error)
         return None
 
+    def health(self) -> str | None:
+        """None when the replica can do its job; otherwise why not (for /healthz, beside the heartbeat)."""
+        return self.engine.health()
+
     def run(self) -> int:
         """Run until stopped; returns the process exit code."""
         metrics_settings = self.settings.metrics
         if metrics_settings.enabled:  # first, so that probes answer while the database is awaited
             window = max(60.0, 3 * self.settings.poll.interval.total_seconds())
             self.endpoint = Endpoint(
-                metrics_settings.host, metrics_settings.port, self.metrics, self.heartbeat, window, self.readiness
+                metrics_settings.host,
+                metrics_settings.port,
+                self.metrics,
+                self.heartbeat,
+                window,
+                self.readiness,
+                self.health,
             )
         try:
             self.prepare_schema()
@@ -189,22 +217,24 @@ class Worker:
                 daemon=True,
             ),
         ]
+        if self.listener is not None:
+            background.append(threading.Thread(target=self.listener.run, name="listener", daemon=True))
         for thread in background:
             thread.start()
         try:
-            self._every(
-                "poll",
-                self.settings.poll.initial_delay,
-                self.settings.poll.interval,
-                self._poll,
-                alive=self.heartbeat.tick,
-            )
+            self._wait(self.settings.poll.initial_delay.total_seconds(), self.heartbeat.tick)
+            if not self.stopping.is_set():
+                self.engine.start()
+            while not self.stopping.is_set():  # the engine's fetch loop ticks the heartbeat meanwhile
+                self.stopping.wait(HEARTBEAT_SLICE)
         finally:
-            # The poll loop has returned: no page is in flight any more, so the leases can go.
-            self.poller.close()
+            # Stopped: no new call; running ones get the grace, then are given up on; outcomes are written.
+            self.engine.stop(self.settings.shutdown.grace.total_seconds())
             self.leases_done.set()
             released = self.leaser.release_all()
             logger.info("released %d slot leases", released)
+            if self.listener is not None:
+                self.listener.stop()
             for thread in background:
                 thread.join(timeout=5)
             self.cleanup_lock.release()
@@ -255,16 +285,6 @@ class Worker:
             event.wait(step)
             remaining -= step
             alive()
-
-    def _poll(self) -> None:
-        result = self.poller.run_once()
-        if result.fetched:
-            logger.info(
-                "poll: %d messages in %d pages: %s",
-                result.fetched,
-                result.pages,
-                ", ".join(f"{k}={v}" for k, v in sorted(result.outcomes.items())) or "none taken",
-            )
 
     def _gauges(self) -> None:
         if self.gauges_lock.acquire():

@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from worker.db.store import Fence, InvalidLockName, LeaseLost, LockRow, NewMessage, Store
+from worker.db.messages import FlushOutcome, SlotWrite
+from worker.db.store import Fence, InvalidLockName, LockRow, NewMessage, Store
 from worker.policy.outcomes import Disposition, Kind
 
 LONG = timedelta(minutes=5)
@@ -27,6 +28,11 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLI
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting until {what}")
         time.sleep(0.02)
+
+
+def rows_in_use(store: Store) -> list[LockRow]:
+    """The lock rows ever taken (the slot rows exist free, never held, from the migration on)."""
+    return [lock for lock in store.locks_list() if lock.locked_by or lock.fence]
 
 
 def row(store: Store, name: str) -> LockRow:
@@ -144,7 +150,7 @@ def test_a_too_long_name_is_an_error_and_never_truncated(any_store: Store) -> No
         any_store.lock_try_acquire("x" * 65, "a", LONG)
     with pytest.raises(ValueError, match="at most 64"):
         any_store.lock_try_acquire_many(["slot:1", "y" * 65], "a", LONG, 2)
-    assert any_store.locks_list() == []
+    assert rows_in_use(any_store) == []
     assert any_store.lock_try_acquire("x" * 64, "a", LONG) is not None
     with pytest.raises(InvalidLockName, match="empty"):
         any_store.lock_try_acquire("", "a", LONG)
@@ -187,6 +193,11 @@ def test_an_old_term_can_neither_renew_nor_release_the_new_one(any_store: Store)
     assert any_store.lock_extend(new, LONG)
 
 
+def record(store: Store, fence: Fence, disposition: Disposition) -> FlushOutcome:
+    """Write one outcome fenced by a lease on slot 0's row (the engine's committer does the same)."""
+    return store.messages_record([SlotWrite(0, fence, (disposition,))])
+
+
 def _one_message(store: Store) -> int:
     message_id = store.messages_insert(NewMessage("order.paid", "order-1"))
     assert message_id is not None
@@ -197,38 +208,37 @@ def test_a_commit_with_the_current_fence_is_written(any_store: Store) -> None:
     message_id = _one_message(any_store)
     fence = any_store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
-    any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [fence])
+    outcome = record(any_store, fence, Disposition(message_id, Kind.DELETE, 0))
+    assert outcome.lost == frozenset() and outcome.written == {message_id}
     assert any_store.messages_get(message_id) is None
 
 
-def test_a_commit_with_a_taken_over_fence_raises_lease_lost_and_writes_nothing(any_store: Store) -> None:
+def test_a_commit_with_a_taken_over_fence_is_fenced_off_and_writes_nothing(any_store: Store) -> None:
     message_id = _one_message(any_store)
     old = any_store.lock_try_acquire("slot:0", "a", SHORT)
     assert old is not None
     wait_past(any_store, row(any_store, "slot:0").lock_until)
     assert any_store.lock_try_acquire("slot:0", "b", LONG) is not None
-    with pytest.raises(LeaseLost, match="slot:0"):
-        any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [old])
+    outcome = record(any_store, old, Disposition(message_id, Kind.DELETE, 0))
+    assert outcome.lost == {0} and not outcome.written
     assert any_store.messages_get(message_id) is not None
 
 
-def test_a_commit_after_the_term_ended_raises_lease_lost_even_if_no_one_took_over(any_store: Store) -> None:
+def test_a_commit_after_the_term_ended_is_fenced_off_even_if_no_one_took_over(any_store: Store) -> None:
     message_id = _one_message(any_store)
     fence = any_store.lock_try_acquire("slot:0", "a", SHORT)
     assert fence is not None
     wait_past(any_store, row(any_store, "slot:0").lock_until)
-    with pytest.raises(LeaseLost):
-        any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [fence])
+    assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).lost == {0}
     assert any_store.messages_get(message_id) is not None
 
 
-def test_a_commit_after_release_raises_lease_lost(any_store: Store) -> None:
+def test_a_commit_after_release_is_fenced_off(any_store: Store) -> None:
     message_id = _one_message(any_store)
     fence = any_store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
     assert any_store.lock_release(fence)
-    with pytest.raises(LeaseLost):
-        any_store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], [fence])
+    assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).lost == {0}
     assert any_store.messages_get(message_id) is not None
 
 
@@ -237,7 +247,7 @@ def test_a_fenced_commit_holds_off_a_takeover_until_it_commits(store: Store) -> 
     fence = store.lock_try_acquire("slot:0", "a", timedelta(seconds=1))
     assert fence is not None
     with store.engine.begin() as connection:
-        store._fence_check(connection, fence)
+        store.lock_check_fence(connection, fence)
         wait_past(store, row(store, "slot:0").lock_until)  # the term ends while the transaction runs
         outcome: list[Fence | None] = []
         taker = threading.Thread(target=lambda: outcome.append(store.lock_try_acquire("slot:0", "b", LONG)))
@@ -278,7 +288,7 @@ def test_acquire_many_takes_expired_and_released_slots_with_a_new_fence(any_stor
 def test_acquire_many_with_nothing_asked_does_nothing(any_store: Store) -> None:
     assert any_store.lock_try_acquire_many([], "a", LONG, 5) == []
     assert any_store.lock_try_acquire_many(SLOTS, "a", LONG, 0) == []
-    assert any_store.locks_list() == []
+    assert rows_in_use(any_store) == []
 
 
 def test_concurrent_acquirers_never_take_the_same_slot(store: Store) -> None:
@@ -328,7 +338,7 @@ def test_delete_expired_removes_only_long_expired_rows_of_the_prefix(any_store: 
     assert any_store.locks_delete_expired("member:", timedelta(seconds=60)) == 0
     wait_past(any_store, row(any_store, "member:old").lock_until + timedelta(milliseconds=100))
     assert any_store.locks_delete_expired("member:", timedelta(milliseconds=50)) == 1
-    assert [r.name for r in any_store.locks_list()] == ["cleanup", "member:live"]
+    assert [r.name for r in rows_in_use(any_store)] == ["cleanup", "member:live"]
     with pytest.raises(ValueError, match="prefix"):
         any_store.locks_delete_expired("", timedelta(0))  # never every row: slot rows carry fences
 

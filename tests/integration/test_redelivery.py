@@ -1,16 +1,34 @@
-"""In-flight marks on slot leases: a replica taking over a dead holder's slot counts what it delivers again."""
+"""In-flight marks on slot leases: what a replica taking over a dead holder's slot counts and decides.
+
+The dead holder is simulated exactly: its marks are written on its lease row as its committer writes them, and
+its term is ended in the database (no waiting for clocks), then another replica takes the slot over.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from sqlalchemy import text
 
-from tests.integration.test_slot_leases import SHORT, STEADY, leaser, wait_until
+from tests.integration.test_slot_leases import leaser
 from worker.config import Settings
 from worker.correlators import Router
+from worker.db.messages import InFlight
 from worker.db.store import NewMessage, Store
-from worker.engine.poller import Poller
-from worker.message import Message
+from worker.engine.engine import Engine
+from worker.engine.leases import SlotLeaser
+from worker.message import Message, MessageState
 from worker.service.metrics import Metrics
+
+ENGINES: list[Engine] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_engines() -> Iterator[None]:
+    yield
+    while ENGINES:
+        ENGINES.pop().stop(grace=0)
 
 
 def in_flight_marks(store: Store) -> dict[str, str]:
@@ -19,43 +37,141 @@ def in_flight_marks(store: Store) -> dict[str, str]:
         return {row.name: row.in_flight for row in rows}
 
 
-def poller_of(store: Store, slots: object, metrics: Metrics, calls: list[int]) -> Poller:
+def engine_of(store: Store, slots: SlotLeaser, metrics: Metrics, calls: list[int], **policy: object) -> Engine:
     def handler(message: Message) -> None:
         calls.append(message.id)
 
-    settings = Settings(poll={"interval": "PT1S"}, metrics={"enabled": False})
-    return Poller(store, Router({"*": handler}), settings, slots, metrics)  # type: ignore[arg-type]
+    settings = Settings(poll={"interval": "PT1S"}, policy=policy, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, slots, metrics, slots.holder)
+    ENGINES.append(engine)
+    return engine
 
 
-def test_a_clean_page_leaves_no_in_flight_mark(store: Store) -> None:
+def hint_in_slot(store: Store, slot: int, prefix: str) -> str:
+    """A hint (starting with ``prefix``) whose messages fall into this slot."""
+    with store.engine.connect() as connection:
+        return str(connection.execute(text(
+            "SELECT h FROM (SELECT :prefix || i AS h FROM generate_series(1, 10000) AS i) AS hints"
+            " WHERE ((hashtext(h) % 64) + 64) % 64 = :slot LIMIT 1"
+        ), {"prefix": prefix, "slot": slot}).scalar_one())
+
+
+def send(store: Store, hint: str) -> int:
+    row_id = store.messages_insert(NewMessage("n", hint))
+    assert row_id is not None
+    return row_id
+
+
+def die_with_marks(store: Store, dead: SlotLeaser, slot: int, marks: InFlight | str) -> None:
+    """The holder wrote these marks, then died: its term ends without a release."""
+    fence = dead.fence(slot)
+    assert fence is not None
+    value = marks if isinstance(marks, str) else marks.to_json()
+    with store.engine.begin() as connection:
+        connection.execute(
+            text("UPDATE correlation_lock SET in_flight = :marks, lock_until = now() - interval '1 second' "
+                 "WHERE name = :name AND fence = :fence"),
+            {"marks": value, "name": fence.name, "fence": fence.fence},
+        )
+
+
+def take_over(store: Store, metrics: Metrics, slot: int, name: str = "heir") -> SlotLeaser:
+    heir = leaser(store, name, metrics=metrics)
+    heir.run_once()
+    assert slot in heir.slots()
+    return heir
+
+
+def test_a_clean_run_leaves_no_in_flight_mark(store: Store) -> None:
     a = leaser(store, "a")
     a.run_once()
-    store.messages_insert(NewMessage("n", "order-1"))
+    send(store, "order-1")
     calls: list[int] = []
-    result = poller_of(store, a, Metrics(), calls).run_once()
-    assert result.correlated == 1 and result.redelivered == 0
-    assert in_flight_marks(store) == {}
-
-
-def test_messages_in_flight_at_a_holders_death_are_counted_when_delivered_again(store: Store) -> None:
-    dead = leaser(store, "dead", SHORT)
-    dead.run_once()
-    first = store.messages_insert(NewMessage("n", "order-1"))
-    second = store.messages_insert(NewMessage("n", "order-1"))
-    untouched = store.messages_insert(NewMessage("n", "order-2"))
-    assert first is not None and second is not None and untouched is not None
-    slot = store.messages_get(first).slot  # type: ignore[union-attr]
-    (fence,) = dead.fences(slot)
-    # What the dying holder's poller did before calling the correlator; then it was killed.
-    assert store.lock_mark_in_flight(fence, [first, second])
-    wait_until(lambda: dead.slots() == (), "the dead holder's term is past its local deadline")
-
     metrics = Metrics()
-    heir = leaser(store, "heir", STEADY, metrics)  # a long term: the poll below must not outlive it
-    wait_until(lambda: heir.run_once() and slot in heir.slots(), "the heir took the slot over")
-    calls: list[int] = []
-    result = poller_of(store, heir, metrics, calls).run_once()
-    assert set(calls) == {first, second, untouched}
-    assert result.redelivered == 2
-    assert metrics.redeliveries._value.get() == 2
+    result = engine_of(store, a, metrics, calls).run_once()
+    assert result.correlated == 1 and metrics.redeliveries._value.get() == 0
     assert in_flight_marks(store) == {}
+
+
+def test_calls_in_flight_at_a_holders_death_are_counted_exactly_when_delivered_again(store: Store) -> None:
+    dead = leaser(store, "dead")
+    dead.run_once()
+    alone = send(store, "order-1")  # its call was marked alone: it was running when the holder died
+    first, second = send(store, "order-2"), send(store, "order-2")  # a run marked together
+    untouched = send(store, "order-3")
+    slots = {store.messages_get(i).slot for i in (alone, first, untouched)}  # type: ignore[union-attr]
+    for slot in slots:
+        marks = InFlight(runs=tuple(
+            run for run in ((alone,), (first, second))
+            if store.messages_get(run[0]).slot == slot  # type: ignore[union-attr]
+        ))
+        die_with_marks(store, dead, slot, marks)
+    metrics = Metrics()
+    heir = take_over(store, metrics, next(iter(slots)))
+    calls: list[int] = []
+    result = engine_of(store, heir, metrics, calls).run_once()
+    assert sorted(calls) == sorted({alone, first, second, untouched})
+    assert result.adopted == 3 and metrics.lost_calls._value.get() == 3
+    assert metrics.redeliveries._value.get() == 3  # exactly the calls marked in flight, each once
+    assert in_flight_marks(store) == {}
+
+
+def test_a_message_whose_calls_kill_its_replica_is_dead_after_poison_after_crashes(store: Store) -> None:
+    poison, neighbour = send(store, "order-1"), send(store, "order-1")
+    slot = store.messages_get(poison).slot  # type: ignore[union-attr]
+    bystander = send(store, hint_in_slot(store, slot, "other-"))
+    holder = leaser(store, "replica-0")
+    holder.run_once()
+    for crash in (1, 2):  # the call of `poison` was running alone when its replica died
+        die_with_marks(store, holder, slot, InFlight(runs=((poison,),)))
+        holder = take_over(store, Metrics(), slot, f"replica-{crash}")
+        adoption = store.slot_adopt_lost_calls(holder.fence(slot), _settle(3))  # type: ignore[arg-type]
+        assert adoption.crashed == (poison,) and not adoption.poisoned
+    die_with_marks(store, holder, slot, InFlight(runs=((poison,),)))
+    metrics = Metrics()
+    heir = take_over(store, metrics, slot, "heir")
+    calls: list[int] = []
+    result = engine_of(store, heir, metrics, calls, poison_after=3).run_once()
+    message = store.messages_get(poison)
+    assert message is not None and message.state is MessageState.DEAD
+    assert message.crashed_calls == 3 and "poison" in (message.last_error or "")
+    assert metrics.poison_messages.labels("n")._value.get() == 1
+    assert poison not in calls and bystander in calls  # never called again; other hints go on
+    assert neighbour not in calls  # behind a dead head (fail_first), untouched: no attempt, no penalty
+    after = store.messages_get(neighbour)
+    assert after is not None and after.attempt == 0 and after.lost_calls == 0 and result.adopted == 1
+
+
+def _settle(poison_after: int):  # type: ignore[no-untyped-def]
+    from worker.policy.outcomes import settle_lost_call
+
+    return lambda call: settle_lost_call(
+        call.lost_calls, call.crashed_calls, call.last_error, call.crashed, poison_after
+    )
+
+
+def test_marks_of_a_run_and_of_calls_abandoned_at_shutdown_count_as_lost_but_not_as_crashes(store: Store) -> None:
+    dead = leaser(store, "dead")
+    dead.run_once()
+    ran, together = send(store, "h-1"), send(store, "h-1")
+    slot = store.messages_get(ran).slot  # type: ignore[union-attr]
+    abandoned = send(store, hint_in_slot(store, slot, "other-"))
+    die_with_marks(store, dead, slot, InFlight(runs=((ran, together),), abandoned=(abandoned,)))
+    heir = take_over(store, Metrics(), slot)
+    adoption = store.slot_adopt_lost_calls(heir.fence(slot), _settle(1))  # type: ignore[arg-type]
+    assert sorted(adoption.lost) == sorted([ran, together, abandoned]) and adoption.crashed == ()
+    for row_id in (ran, together, abandoned):
+        message = store.messages_get(row_id)
+        assert message is not None and message.lost_calls == 1 and message.crashed_calls == 0
+        assert message.state is MessageState.READY
+
+
+def test_marks_in_the_first_revisions_format_are_read_as_one_run(store: Store) -> None:
+    dead = leaser(store, "dead")
+    dead.run_once()
+    first, second = send(store, "order-1"), send(store, "order-1")
+    slot = store.messages_get(first).slot  # type: ignore[union-attr]
+    die_with_marks(store, dead, slot, f"[{first}, {second}]")
+    heir = take_over(store, Metrics(), slot)
+    adoption = store.slot_adopt_lost_calls(heir.fence(slot), _settle(1))  # type: ignore[arg-type]
+    assert sorted(adoption.lost) == [first, second] and adoption.crashed == ()

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from worker.db.messages import SlotWrite
 from worker.db.store import LeaseLost, NewMessage, Store
 from worker.engine.leases import MEMBER_PREFIX, SlotLeaseConfig, SlotLeaser, member_lock_name, slot_lock_name
 from worker.policy.outcomes import Disposition, Kind
@@ -160,8 +161,9 @@ def test_a_frozen_leaser_loses_its_slots_after_the_lease_and_its_commit_is_fence
     wait_until(lambda: live.run_once().held == S, "the live leaser takes the frozen one's slots", step=0.1)
     assert frozen.slots() == ()  # its local deadlines passed before its terms ended
     assert live.fences(slot)[0].fence == old_fences[0].fence + 1
-    with pytest.raises(LeaseLost):
-        store.messages_record_results([Disposition(message_id, Kind.DELETE, 0)], frozen.fences(slot))
+    (stale,) = frozen.fences(slot)
+    written = store.messages_record([SlotWrite(slot, stale, (Disposition(message_id, Kind.DELETE, 0),))])
+    assert written.lost == {slot} and not written.written
     assert store.messages_get(message_id) is not None
 
     thawed = frozen.run_once()  # waking up, it finds every term lost and joins again with no slot

@@ -11,13 +11,22 @@ import pytest
 from sqlalchemy import text
 
 from worker.config import Mode
+from worker.db.messages import FlushOutcome, SlotWrite
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store
-from worker.message import MessageState
+from worker.message import Message, MessageState
 from worker.policy.batching import eligible
 from worker.policy.outcomes import Disposition, Kind
 
 
+def _slot(store: Store, hint: str) -> int:
+    if store.slot_count == 1:
+        return 0
+    with store.engine.connect() as connection:
+        return int(connection.execute(text("SELECT ((hashtext(:h) % 64) + 64) % 64"), {"h": hint}).scalar_one())
+
+
 def add(store: Store, hint: str = "h", name: str = "order.paid", **columns: Any) -> int:
+    columns.pop("slot_hint", None)
     row_id = store.messages_insert(NewMessage(name=name, hint=hint, payload=columns.pop("payload", {})))
     assert row_id is not None
     if columns:
@@ -39,9 +48,18 @@ def set_columns(store: Store, row_id: int, **columns: Any) -> None:
         connection.execute(update(message_table).where(message_table.c.id == row_id).values(**values))
 
 
-def fetch(store: Store, mode: Mode = Mode.FAIL_FIRST, after: int = 0, limit: int = 100) -> list[int]:
-    now = store.now()
-    return [m.id for m in store.messages_fetch_eligible(slot=None, after=after, limit=limit, mode=mode, now=now)]
+def fetch_slot(store: Store, slot: int, mode: Mode = Mode.FAIL_FIRST, budget: int = 1000) -> list[Message]:
+    """Every eligible message of one slot, as the engine reads it: candidate hints, then their batches."""
+    candidates = store.messages_candidates(slot, "", budget)
+    hints = list(dict.fromkeys(candidates.due + candidates.fresh))
+    horizon = store.order_horizon()
+    limit = horizon.last_id if horizon is not None else 2**62
+    return list(store.messages_fetch_batches(hints, horizon=limit, per_hint=1000, limit=10_000, mode=mode).messages)
+
+
+def fetch(store: Store, mode: Mode = Mode.FAIL_FIRST) -> list[int]:
+    """The ids of every eligible message of every slot, in id order."""
+    return sorted(m.id for slot in range(store.slot_count) for m in fetch_slot(store, slot, mode))
 
 
 def test_fresh_messages_are_eligible_in_id_order(any_store: Store) -> None:
@@ -49,11 +67,24 @@ def test_fresh_messages_are_eligible_in_id_order(any_store: Store) -> None:
     assert fetch(any_store) == ids
 
 
-def test_keyset_paging_returns_the_next_page_after_a_position(any_store: Store) -> None:
-    ids = [add(any_store, f"h{i}") for i in range(7)]
-    assert fetch(any_store, limit=3) == ids[:3]
-    assert fetch(any_store, after=ids[2], limit=3) == ids[3:6]
-    assert fetch(any_store, after=ids[5], limit=3) == ids[6:]
+def test_candidate_hints_go_round_robin_after_a_cursor_and_wrap_around(any_store: Store) -> None:
+    for i in range(7):
+        add(any_store, f"h{i}", slot_hint=True)
+    slot = any_store.messages_get(add(any_store, "h0"))
+    assert slot is not None
+    same = [h for h in (f"h{i}" for i in range(7)) if _slot(any_store, h) == slot.slot]
+    first = any_store.messages_candidates(slot.slot, "", 2).fresh
+    assert list(first) == sorted(same)[:2]
+    after = any_store.messages_candidates(slot.slot, first[-1], 100).fresh
+    assert list(after) == sorted(same)[2:] + sorted(same)[:2]  # the rest, then round to the start
+
+
+def test_a_hint_with_many_messages_is_one_candidate_and_its_batch_is_a_prefix(any_store: Store) -> None:
+    ids = [add(any_store, "hot") for _ in range(30)]
+    slot = _slot(any_store, "hot")
+    assert any_store.messages_candidates(slot, "", 10).fresh == ("hot",)
+    batch = any_store.messages_fetch_batches(["hot"], horizon=2**62, per_hint=7, limit=100, mode=Mode.FAIL_FIRST)
+    assert [m.id for m in batch.messages] == ids[:7]
 
 
 def test_waiting_message_holds_back_its_group(any_store: Store) -> None:
@@ -78,17 +109,15 @@ def test_expired_messages_are_never_fetched(any_store: Store) -> None:
     assert fetch(any_store) == [fresh]
 
 
-def test_slot_filter_returns_only_that_slots_messages(store: Store) -> None:
+def test_a_slot_fetch_returns_only_that_slots_messages(store: Store) -> None:
     ids = [add(store, f"hint-{i}") for i in range(40)]
     by_slot: dict[int, list[int]] = {}
     for row_id in ids:
         message = store.messages_get(row_id)
         assert message is not None
         by_slot.setdefault(message.slot, []).append(row_id)
-    now = store.now()
     for slot, expected in by_slot.items():
-        got = store.messages_fetch_eligible(slot=slot, after=0, limit=100, mode=Mode.FAIL_FIRST, now=now)
-        assert [m.id for m in got] == expected
+        assert sorted(m.id for m in fetch_slot(store, slot)) == expected
 
 
 def test_sql_eligibility_matches_the_pure_rule_on_random_tables(any_store: Store) -> None:
@@ -107,18 +136,22 @@ def test_sql_eligibility_matches_the_pure_rule_on_random_tables(any_store: Store
     now = any_store.now()
     for mode in Mode:
         expected = [m.id for m in eligible(everything, mode, now)]
-        assert fetch(any_store, mode, limit=1000) == expected
+        assert fetch(any_store, mode) == expected
+
+
+def record(store: Store, *dispositions: Disposition) -> FlushOutcome:
+    """Write outcomes without a lease (as an unfenced engine does)."""
+    return store.messages_record([SlotWrite(0, None, dispositions)])
 
 
 def test_recording_results_deletes_successes_and_updates_failures(any_store: Store) -> None:
     done, failed, dead = (add(any_store, h) for h in "abc")
     now = any_store.now()
-    any_store.messages_record_results(
-        [
-            Disposition(done, Kind.DELETE, 0),
-            Disposition(failed, Kind.RETRY, 1, next_attempt_at=now + timedelta(minutes=1), last_error="boom"),
-            Disposition(dead, Kind.DEAD, 5, last_error="gave up"),
-        ]
+    record(
+        any_store,
+        Disposition(done, Kind.DELETE, 0),
+        Disposition(failed, Kind.RETRY, 1, next_attempt_at=now + timedelta(minutes=1), last_error="boom"),
+        Disposition(dead, Kind.DEAD, 5, last_error="gave up"),
     )
     assert any_store.messages_get(done) is None
     retry = any_store.messages_get(failed)
@@ -133,7 +166,7 @@ def test_recording_results_deletes_successes_and_updates_failures(any_store: Sto
 def test_a_message_paused_during_its_call_stays_paused(any_store: Store) -> None:
     row_id = add(any_store, "a")
     any_store.messages_pause(MessageFilter(ids=(row_id,)))
-    any_store.messages_record_results([Disposition(row_id, Kind.RETRY, 1, last_error="x")])
+    record(any_store, Disposition(row_id, Kind.RETRY, 1, last_error="x"))
     message = any_store.messages_get(row_id)
     assert message is not None and message.state is MessageState.PAUSED and message.attempt == 1
 
@@ -177,7 +210,7 @@ def test_pause_resume_requeue_and_delete_by_name_hint_and_id(any_store: Store) -
     assert any_store.messages_requeue(MessageFilter(state=MessageState.DEAD)) == 1
     requeued = any_store.messages_get(b1)
     assert requeued is not None and requeued.state is MessageState.READY and requeued.attempt == 0
-    assert requeued.next_attempt_at is not None and requeued.next_attempt_at <= any_store.now()
+    assert requeued.next_attempt_at is None  # due at once, in its hint's order (no cycle to overtake it)
     assert any_store.messages_delete(MessageFilter(name="x")) == 2
     assert [m.id for m in any_store.messages_list(MessageFilter())] == [a2]
 
@@ -188,7 +221,8 @@ def test_counts_by_state_and_oldest_eligible_age(any_store: Store) -> None:
     add(any_store, "c", state="paused")
     add(any_store, "d", state="dead")
     add(any_store, "e", expires_at=-1)
-    counts = any_store.messages_count_by_state()
+    oldest = any_store.messages_oldest_eligible(range(any_store.slot_count), Mode.FAIL_FIRST)
+    counts = any_store.messages_count_by_state(oldest)
     assert (counts.ready, counts.waiting, counts.paused, counts.dead, counts.expired) == (1, 1, 1, 1, 1)
     assert counts.oldest_eligible_age is not None and counts.oldest_eligible_age >= timedelta(0)
 
@@ -204,23 +238,54 @@ def test_expired_messages_are_deleted_in_bounded_chunks(any_store: Store) -> Non
     assert [m.id for m in any_store.messages_list(MessageFilter())] == [keep]
 
 
-def _plan(store: Store, mode: Mode, slot: int) -> dict[str, Any]:
-    from worker.db.store import _eligible_sql
-
-    sql = _eligible_sql(mode, by_slot=True)
-    params = {"after": 0, "limit": 100, "now": store.now(), "slot": slot}
+def _explain(store: Store, sql: str, params: dict[str, Any], generic: bool) -> list[dict[str, Any]]:
+    """The plan nodes of a statement, run for real; with ``generic`` as a prepared statement's generic plan."""
     with store.engine.connect() as connection:
-        raw = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql), params).scalar_one()
+        if not generic:
+            raw = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql), params).scalar_one()
+        else:
+            names = list(params)
+            for i, name in enumerate(names, 1):
+                sql = sql.replace(f":{name}", f"${i}")
+            types = [
+                "text[]" if isinstance(params[n], list) else "text" if isinstance(params[n], str) else "bigint"
+                for n in names
+            ]
+            connection.execute(text("SET plan_cache_mode = force_generic_plan"))
+            connection.exec_driver_sql(f"PREPARE probe({', '.join(types)}) AS {sql}")
+
+            def literal(value: Any) -> str:
+                if isinstance(value, list):
+                    return "ARRAY[" + ", ".join(map(literal, value)) + "]::text[]"
+                if isinstance(value, str):
+                    return "'" + value.replace("'", "''") + "'"
+                return str(int(value))
+
+            arguments = ", ".join(literal(params[name]) for name in names)
+            raw = connection.exec_driver_sql(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe({arguments})"
+            ).scalar_one()
+            connection.exec_driver_sql("DEALLOCATE probe")
+            connection.execute(text("RESET plan_cache_mode"))
     plan = raw if isinstance(raw, list) else json.loads(raw)
-    return dict(plan[0]["Plan"])
+    return _walk(dict(plan[0]["Plan"]))
 
 
 def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node, *(child for sub in node.get("Plans", []) for child in _walk(sub))]
 
 
+def _touched(nodes: list[dict[str, Any]]) -> float:
+    return sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0) for n in nodes)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 @pytest.mark.parametrize("mode", list(Mode))
-def test_a_poll_costs_a_page_not_the_table_with_many_dead_paused_and_waiting_rows(store: Store, mode: Mode) -> None:
+def test_a_fetch_costs_what_it_returns_not_the_held_back_rows(store: Store, mode: Mode, generic: bool) -> None:
+    """60 000 dead, paused and waiting rows each on a hint of its own, and 60 000 fresh messages queued behind
+    one dead head, one waiting retry and one paused message: a fetch of a slot still touches few rows."""
+    from worker.db.messages import _batches_statement, _candidates_sql
+
     with store.engine.begin() as connection:
         for state, delay in (("dead", None), ("paused", None), ("ready", "1 hour")):
             connection.execute(
@@ -231,6 +296,20 @@ def test_a_poll_costs_a_page_not_the_table_with_many_dead_paused_and_waiting_row
                 ),
                 {"state": state, "delay": delay},
             )
+            connection.execute(
+                text(
+                    "INSERT INTO correlation_message (message_name, correlation_hint, state, attempt, next_attempt_at) "
+                    "VALUES ('n', 'behind-' || :state, :state, 1, now() + CAST(:delay AS interval))"
+                ),
+                {"state": state, "delay": delay},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO correlation_message (message_name, correlation_hint) "
+                    "SELECT 'n', 'behind-' || :state FROM generate_series(1, 20000) g"
+                ),
+                {"state": state},
+            )
         connection.execute(
             text(
                 "INSERT INTO correlation_message (message_name, correlation_hint) "
@@ -238,10 +317,16 @@ def test_a_poll_costs_a_page_not_the_table_with_many_dead_paused_and_waiting_row
             )
         )
         connection.execute(text("ANALYZE correlation_message"))
-    for slot in (0, 7, 63):
-        plan = _plan(store, mode, slot)
-        nodes = _walk(plan)
-        assert not any(n["Node Type"] == "Seq Scan" for n in nodes), "the poll must not scan the table"
-        touched = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0)
-                      for n in nodes)
-        assert touched < 5_000, f"a page of 100 touched {touched} rows among 180 000 stuck ones"
+    slots = {0, 7, 63} | {_slot(store, f"behind-{state}") for state in ("dead", "paused", "ready")}
+    for slot in sorted(slots):
+        candidates = _explain(
+            store, _candidates_sql("postgresql", False).text, {"slot": slot, "after": "", "budget": 100}, generic
+        )
+        assert not any(n["Node Type"] == "Seq Scan" for n in candidates), "the fetch must not scan the table"
+        assert _touched(candidates) < 1_000, f"slot {slot}: finding candidates touched {_touched(candidates)} rows"
+        hints = list(store.messages_candidates(slot, "", 100).fresh)
+        sql = _batches_statement("postgresql", mode).text
+        params = {"hints": hints, "horizon": 2**62, "per_hint": 100, "limit": 100}
+        batches = _explain(store, sql, params, generic)
+        assert not any(n["Node Type"] == "Seq Scan" for n in batches)
+        assert _touched(batches) < 5_000, f"slot {slot}: reading batches touched {_touched(batches)} rows"

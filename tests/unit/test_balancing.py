@@ -7,15 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from worker.engine.leases import (
-    Balance,
-    SlotLeaseConfig,
-    balance,
-    fair_shares,
-    member_lock_name,
-    slot_lock_name,
-    slot_of,
-)
+from worker.engine.leases import SlotLeaseConfig, member_lock_name, slot_lock_name, slot_of
+from worker.policy.balance import Balance, balance, fair_shares
 
 S = 64
 
@@ -143,21 +136,22 @@ def test_lock_names_of_slots_round_trip_and_members_fit_the_column() -> None:
     assert member_lock_name("a") != member_lock_name("b")
 
 
-def test_the_default_lease_config_renews_at_a_third_of_the_lease() -> None:
+def test_the_default_lease_config_renews_often_enough_for_a_default_handler_timeout() -> None:
     config = SlotLeaseConfig()
-    assert config.lease == timedelta(seconds=30)
-    assert config.renew_interval == timedelta(seconds=10)
+    assert config.lease == timedelta(seconds=40) and config.renew_interval == timedelta(seconds=5)
+    # A call of the default handler timeout (PT30S) always fits before the lease could end.
+    assert config.lease - config.renew_interval - config.safety_margin >= timedelta(seconds=30)
 
 
 @pytest.mark.parametrize(
     ("fields", "complaint"),
     [
         ({"lease": timedelta(0)}, "lease must be positive"),
-        ({"renew_interval": timedelta(seconds=11)}, "at most a third of the lease"),
+        ({"renew_interval": timedelta(seconds=14)}, "at most a third of the lease"),
         ({"renew_interval": timedelta(0)}, "must be positive"),
-        ({"safety_margin": timedelta(seconds=20)}, "safety margin"),
+        ({"safety_margin": timedelta(seconds=35)}, "safety margin"),
         ({"safety_margin": timedelta(seconds=-1)}, "safety margin"),
-        ({"drain": timedelta(seconds=30)}, "drain"),
+        ({"drain": timedelta(seconds=40)}, "drain"),
     ],
 )
 def test_a_lease_config_that_cannot_work_is_refused_with_a_reason(

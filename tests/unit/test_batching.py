@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.unit.factories import T0, message, seconds
 from worker.config import Mode
 from worker.message import MessageState
-from worker.policy.batching import CycleState, eligible, plan_batches
+from worker.policy.batching import MAX_RUN, cut_batch, eligible, run_length
 
 
 def ids(messages: list) -> list[int]:  # type: ignore[type-arg]
@@ -42,28 +42,26 @@ def test_expired_messages_are_never_eligible_and_never_block() -> None:
     assert ids(eligible(rows, Mode.FAIL_FIRST, T0)) == [3]
 
 
-def test_page_is_grouped_by_hint_in_id_order() -> None:
-    page = [message(1, "a"), message(2, "b"), message(3, "a"), message(4, "b"), message(5, "c")]
-    batches = plan_batches(page, -1, CycleState())
-    assert [(b.hint, ids(list(b.messages))) for b in batches] == [("a", [1, 3]), ("b", [2, 4]), ("c", [5])]
+def test_a_message_above_the_commit_horizon_holds_back_its_hint_but_not_others() -> None:
+    rows = [message(1, "a"), message(5, "a"), message(6, "a"), message(7, "b"), message(2, "c")]
+    assert ids(eligible(rows, Mode.FAIL_FIRST, T0, horizon=4)) == [1, 2]
 
 
-def test_batch_size_one_takes_only_the_head_of_each_group_per_cycle() -> None:
-    cycle = CycleState()
-    first = plan_batches([message(1, "a"), message(2, "a"), message(3, "b")], 1, cycle)
-    assert [ids(list(b.messages)) for b in first] == [[1], [3]]
-    assert plan_batches([message(4, "a"), message(5, "c")], 1, cycle)[0].hint == "c"
+def test_a_batch_ends_before_the_first_message_of_a_paused_name() -> None:
+    batch = [message(1, "a"), message(2, "a", name="held"), message(3, "a")]
+    taken, held = cut_batch(batch, {"held"})
+    assert ids(list(taken)) == [1] and held is not None and held.id == 2
+    assert cut_batch(batch, set()) == (tuple(batch), None)
 
 
-def test_batch_size_n_takes_up_to_n_per_cycle() -> None:
-    cycle = CycleState()
-    page = [message(i, "a") for i in range(1, 6)]
-    assert ids(list(plan_batches(page, 3, cycle)[0].messages)) == [1, 2, 3]
+def test_one_call_per_mark_for_correlators_slower_than_a_mark() -> None:
+    assert run_length(None, 0.002, 50) == 1  # not timed yet
+    assert run_length(0.010, 0.002, 50) == 1
+    assert run_length(0.002, 0.002, 50) == 1
 
 
-def test_stopped_and_busy_hints_take_nothing_more_this_cycle() -> None:
-    cycle = CycleState()
-    cycle.stop("a")
-    batches = plan_batches([message(1, "a"), message(2, "b"), message(3, "c")], -1, cycle, busy={"b"})
-    assert [b.hint for b in batches] == ["c"]
-    assert "b" in cycle.stopped
+def test_fast_correlators_share_a_mark_up_to_what_the_hint_has() -> None:
+    assert run_length(0.0001, 0.002, 50) == 20
+    assert run_length(0.000001, 0.002, 50) == 50
+    assert run_length(0.0, 0.002, 5000) == MAX_RUN
+    assert run_length(0.0001, 0.002, 1) == 1

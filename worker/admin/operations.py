@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from worker.config import format_duration
+from worker.config import Mode, format_duration
 from worker.db.store import MessageFilter, StateCounts, Store
 from worker.engine.leases import SLOT_PREFIX
 from worker.message import Message
@@ -49,7 +49,8 @@ def message_as_dict(message: Message) -> dict[str, Any]:
 
 def status(store: Store) -> dict[str, Any]:
     """Counts by state and the oldest eligible message's age."""
-    counts: StateCounts = store.messages_count_by_state()
+    oldest = store.messages_oldest_eligible(range(store.slot_count), Mode.FAIL_FIRST)
+    counts: StateCounts = store.messages_count_by_state(oldest)
     age: timedelta | None = counts.oldest_eligible_age
     replicas: dict[str, int] = {}
     for lock in store.locks_list_held():

@@ -38,6 +38,7 @@ SLOT_COUNT = 64  # fixed by the schema: slot = hash(correlation_hint) mod 64 on 
 SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 HINT_MAX_LENGTH = 255
 LOCK_NAME_MAX_LENGTH = 64
+NOTIFY_CHANNEL = "correlation_message"  # the producers' trigger notifies the slots it inserted into here
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -130,6 +131,20 @@ message_table = Table(
     Column("last_error", Text),
     Column("state", Text, nullable=False),
     Column("slot", Integer, nullable=False),
+    Column("lost_calls", Integer, nullable=False),
+    Column("crashed_calls", Integer, nullable=False),
+    Column("pause_id", BigInteger),
+)
+
+pause_table = Table(
+    "correlation_pause",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("scope", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
 )
 
 lock_table = Table(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.config import Mode
 from worker.db.store import StateCounts, Store
 from worker.service.metrics import Metrics
 
@@ -22,13 +23,15 @@ class GaugesResult:
 class Gauges:
     """Sets ``correlation_messages_by_state`` and ``correlation_oldest_eligible_message_age_seconds``."""
 
-    def __init__(self, store: Store, metrics: Metrics) -> None:
+    def __init__(self, store: Store, metrics: Metrics, mode: Mode = Mode.FAIL_FIRST) -> None:
         self.store = store
         self.metrics = metrics
+        self.mode = mode
 
     def run_once(self) -> GaugesResult:
         """Count once and set the gauges."""
-        counts = self.store.messages_count_by_state()
+        oldest = self.store.messages_oldest_eligible(range(self.store.slot_count), self.mode)
+        counts = self.store.messages_count_by_state(oldest)
         for state in ("ready", "waiting", "paused", "dead", "expired"):
             self.metrics.messages_by_state.labels(state).set(getattr(counts, state))
         age = counts.oldest_eligible_age

@@ -51,11 +51,12 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from worker.db.store import Fence, LeaseLost, LockRow, Store, StoreError
+from worker.policy.balance import balance
 from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ logger = logging.getLogger(__name__)
 SLOT_PREFIX = "slot:"
 MEMBER_PREFIX = "member:"
 
-DEFAULT_LEASE = timedelta(seconds=30)
-DEFAULT_RENEW_INTERVAL = timedelta(seconds=10)  # at most a third of the lease
+DEFAULT_LEASE = timedelta(seconds=40)
+DEFAULT_RENEW_INTERVAL = timedelta(seconds=5)  # at most a third of the lease
 DEFAULT_SAFETY_MARGIN = timedelta(seconds=5)  # stop offering a slot this long before its term can end
 DEFAULT_DRAIN = timedelta(seconds=5)  # a handed-back slot is withheld from the poller this long first
 
@@ -127,51 +128,6 @@ class SlotLeaseConfig:
             )
 
 
-# -- balancing (pure) ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Balance:
-    """What one replica should do this round: its share, how many slots to take, which to hand back."""
-
-    target: int
-    acquire: int
-    hand_back: tuple[int, ...]
-
-
-def fair_shares(slot_count: int, holdings: Mapping[str, int]) -> dict[str, int]:
-    """Each live replica's share of the slots: ``floor(S / n)``, one more for the ``S mod n`` holding most.
-
-    ``holdings`` maps every live replica to how many slots it holds now. Ties go by name, so that every
-    replica computes the same shares from the same view; favouring those holding most moves fewest slots.
-    """
-    if not holdings:
-        return {}
-    base, extra = divmod(slot_count, len(holdings))
-    ranked = sorted(holdings, key=lambda replica: (-holdings[replica], replica))
-    return {replica: base + (1 if rank < extra else 0) for rank, replica in enumerate(ranked)}
-
-
-def balance(slot_count: int, me: str, mine: Sequence[int], others: Mapping[str, int]) -> Balance:
-    """This replica's move: take slots up to its share, or hand back surplus that a short replica needs.
-
-    ``mine``: the slots this replica holds; ``others``: every other live replica and how many slots it
-    holds (zero for one that only renews its membership). Surplus is handed back only while the other
-    replicas' shortfall exceeds the free slots (which they can take themselves), never below the share;
-    the highest-numbered slots go first.
-    """
-    holdings = {**others, me: len(mine)}
-    shares = fair_shares(slot_count, holdings)
-    target = shares[me]
-    if len(mine) <= target:
-        return Balance(target, target - len(mine), ())
-    shortfall = sum(max(0, shares[replica] - held) for replica, held in holdings.items() if replica != me)
-    free = max(0, slot_count - sum(holdings.values()))
-    give = min(len(mine) - target, max(0, shortfall - free))
-    ordered = sorted(mine)
-    return Balance(target, 0, tuple(ordered[len(ordered) - give :]))
-
-
 # -- the service ------------------------------------------------------------------------------------------
 
 
@@ -224,14 +180,16 @@ class SlotLeaser:
         self._state = threading.Lock()  # guards _leases: the poller reads while a round writes
         self._round = threading.Lock()  # one round (or release_all) at a time
         self._member: Fence | None = None
+        self._member_term = min(self.config.lease, 2 * self.config.renew_interval + timedelta(seconds=1))
         self._stopped = False
-        # Messages a previous holder of a slot handed out without recording them: delivered again here.
-        self._inherited: dict[int, set[int]] = {}
-        # Slots the poller still works on (a page in flight, a call given up but running): a handed-back slot
-        # is released only once it is out of use, so that its next owner never calls a hint this one is calling.
+        # Slots the engine still works on (hints fetched, calls running, outcomes unwritten): a handed-back
+        # slot is released only once it is out of use, so that its next owner never calls a hint this one is
+        # calling; at shutdown such slots are not released but left to expire.
         self.in_use: Callable[[], Collection[int]] = frozenset
+        # Called after a round that acquired slots (the engine fetches them at once).
+        self.on_acquired: Callable[[Sequence[int]], None] = lambda slots: None
 
-    # -- the poller's view (SlotSource) ---------------------------------------------------------------------
+    # -- the engine's view (SlotSource) ---------------------------------------------------------------------
 
     def slots(self) -> Sequence[int]:
         """The slots held and still safe to act on (before the local deadline, not being handed back)."""
@@ -245,29 +203,40 @@ class SlotLeaser:
                 )
             )
 
+    def fence(self, slot: int) -> Fence | None:
+        """The term of a slot's lease: a commit of its outcomes must still hold it (None: not leased)."""
+        with self._state:
+            lease = self._leases.get(slot)
+        return None if lease is None else lease.fence
+
     def fences(self, slot: int) -> Sequence[Fence]:
         """The term a commit of this slot's results must still hold; LeaseLost if the slot is not leased.
 
         A slot past its local deadline or being handed back still has its term: the database decides at
         commit whether it still runs.
         """
+        fence = self.fence(slot)
+        if fence is None:
+            raise LeaseLost(f"slot {slot} is not leased by {self.holder}")
+        return (fence,)
+
+    def safe_for(self, slot: int) -> float:
+        """Seconds until the slot stops being safe to act on (0 when it is not held or being handed back)."""
         with self._state:
             lease = self._leases.get(slot)
-        if lease is None:
-            raise LeaseLost(f"slot {slot} is not leased by {self.holder}")
-        return (lease.fence,)
+        if lease is None or lease.draining_since is not None:
+            return 0.0
+        return max(0.0, lease.safe_until - self._monotonic())
 
-    def redelivered(self, slot: int, message_ids: Sequence[int]) -> int:
-        """How many of these messages the slot's previous holder had in flight when it lost the slot."""
+    def lost(self, slot: int) -> None:
+        """A fenced write found the slot's term over: forget the lease (its new holder has it)."""
         with self._state:
-            inherited = self._inherited.get(slot)
-            if not inherited:
-                return 0
-            again = inherited.intersection(message_ids)
-            inherited.difference_update(again)
-            if not inherited:
-                del self._inherited[slot]
-        return len(again)
+            lease = self._leases.pop(slot, None)
+            held = len(self._leases)
+        if lease is not None:
+            self.metrics.lease_losses.inc()
+            self.metrics.slots_held.set(held)
+            logger.warning("lost the lease of slot %s (found at a write)", slot, extra={"slot": slot})
 
     # -- rounds -------------------------------------------------------------------------------------------
 
@@ -293,6 +262,8 @@ class SlotLeaser:
                 held = len(self._leases)
             self.metrics.slots_held.set(held)
             result = LeaseRound(held, plan.target, len(others) + 1, acquired, renewed, lost, released)
+        if acquired:
+            self.on_acquired(self.slots())
         if acquired or lost or released:
             logger.info(
                 "slot leases: %d held (share %d of %d, %d replicas), %d acquired, %d lost, %d handed back",
@@ -301,16 +272,26 @@ class SlotLeaser:
         return result
 
     def release_all(self) -> int:
-        """Give every slot (and the membership) back at once, for shutdown; returns how many slots.
+        """Give the slots (and the membership) back at once, for shutdown; returns how many slots.
 
+        A slot with a call still running (given up at the end of the shutdown grace) is not released: its
+        term expires on its own, so no other replica calls that hint while the call may still be alive.
         Later rounds do nothing. Database errors are logged, not raised: unreleased terms simply expire.
         """
         with self._round:
             self._stopped = True
+            busy = set(self.in_use())
             with self._state:
-                leases = sorted(self._leases.values(), key=lambda lease: lease.slot)
+                leases = sorted(
+                    (lease for lease in self._leases.values() if lease.slot not in busy), key=lambda lease: lease.slot
+                )
                 self._leases.clear()
             self.metrics.slots_held.set(0)
+            if busy:
+                logger.warning(
+                    "slots %s keep their leases until they expire: a call of theirs is still running",
+                    sorted(busy),
+                )
             member, self._member = self._member, None
             released = 0
             try:
@@ -334,13 +315,15 @@ class SlotLeaser:
         if not fences:
             return 0, 0
         sent = self._monotonic()
-        kept = set(self.store.lock_extend_many(fences, self.config.lease))
+        # Each term in a transaction of its own: a row someone holds delays its own renewal only.
+        renewed, busy = self.store.lock_extend_each(fences, self.config.lease)
+        kept, waiting = set(renewed), set(busy)
         lost: list[int] = []
         with self._state:
             for lease in list(self._leases.values()):
                 if lease.fence in kept:
                     lease.safe_until = sent + self._safe_for
-                else:
+                elif lease.fence not in waiting:  # busy ones are tried again next round
                     lost.append(lease.slot)
                     del self._leases[lease.slot]
         if lost:
@@ -349,10 +332,12 @@ class SlotLeaser:
         return len(kept), len(lost)
 
     def _keep_membership(self) -> None:
-        if self._member is not None and self.store.lock_extend(self._member, self.config.lease):
+        # A short term (two renewals): a replica that died stops counting as live before its slots expire,
+        # so that the survivors take every slot once they do.
+        if self._member is not None and self.store.lock_extend(self._member, self._member_term):
             return
         name = member_lock_name(self.holder)
-        self._member = self.store.lock_try_acquire(name, self.holder, self.config.lease)
+        self._member = self.store.lock_try_acquire(name, self.holder, self._member_term)
         if self._member is not None:
             # (Re)joining: forget replicas that died long ago, so that their rows do not pile up.
             self.store.locks_delete_expired(MEMBER_PREFIX, self.config.lease)
@@ -402,14 +387,6 @@ class SlotLeaser:
         sent = self._monotonic()
         fences = self.store.lock_try_acquire_many(names, self.holder, self.config.lease, wanted)
         self._track(fences, sent)
-        if fences:
-            # Left by a holder that died or was cut off mid-page; a clean holder leaves none.
-            marks = self.store.locks_in_flight([fence.name for fence in fences])
-            with self._state:
-                for name, ids in marks.items():
-                    slot = slot_of(name)
-                    if slot is not None:
-                        self._inherited[slot] = set(ids)
         return len(fences)
 
     def _track(self, fences: Sequence[Fence], sent: float) -> None:

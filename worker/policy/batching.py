@@ -1,18 +1,17 @@
-"""Eligibility and batch grouping (DESIGN.md §3), pure.
+"""Eligibility and batching (DESIGN.md §3), pure.
 
 The store decides eligibility in SQL; :func:`eligible` states the same rule in Python so that it can be
 tested without a database and so that a test can check the SQL against it.
 
-A *poll cycle* reads every eligible message page by page (keyset paging on ``id``). Within one cycle a hint
-whose batch stopped (a failure in ``fail_first`` mode, a buffered or rescheduled message in any mode) takes no
-further messages, and a hint takes at most ``batch_size`` messages; :class:`CycleState` remembers both across
-the pages of a cycle.
+A hint's *batch* is the prefix of its eligible messages in id order that one lane takes; :func:`cut_batch`
+ends it before a message a durable pause holds. A lane marks the calls it is about to make (so that a replica
+taking the slot over knows what was in flight); :func:`run_length` decides how many calls one mark covers:
+one for correlators slower than a mark (each call attributable if the process dies), more for fast ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 
 from worker.config import Mode
@@ -35,12 +34,21 @@ def is_due(message: Message, now: datetime) -> bool:
     return message.state is MessageState.READY and not message.is_expired(now) and not message.is_waiting(now)
 
 
-def eligible(messages: Iterable[Message], mode: Mode, now: datetime) -> list[Message]:
-    """The eligible messages among ``messages``, in id order: due, and no earlier sibling blocks them."""
+def eligible(
+    messages: Iterable[Message], mode: Mode, now: datetime, horizon: int | None = None
+) -> list[Message]:
+    """The eligible messages among ``messages``, in id order: due, and no earlier sibling blocks them.
+
+    With ``horizon``, messages with a larger id are held back (an earlier id may still commit) and so are the
+    later messages of their hints.
+    """
     blocked: set[str] = set()
     result = []
     for message in sorted(messages, key=lambda m: m.id):
         if message.hint in blocked:
+            continue
+        if horizon is not None and message.id > horizon and message.state is MessageState.READY:
+            blocked.add(message.hint)
             continue
         if is_due(message, now):
             result.append(message)
@@ -49,47 +57,29 @@ def eligible(messages: Iterable[Message], mode: Mode, now: datetime) -> list[Mes
     return result
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """The messages of one hint taken in one page, in id order."""
-
-    hint: str
-    messages: tuple[Message, ...]
-
-
-@dataclass(slots=True)
-class CycleState:
-    """What one poll cycle has done so far, per hint."""
-
-    taken: dict[str, int] = field(default_factory=dict)
-    stopped: set[str] = field(default_factory=set)
-
-    def stop(self, hint: str) -> None:
-        """Take nothing more of this hint in this cycle."""
-        self.stopped.add(hint)
+def cut_batch(
+    batch: Sequence[Message], paused_names: Collection[str]
+) -> tuple[tuple[Message, ...], Message | None]:
+    """A hint's batch up to (not including) its first message whose name is paused, and that message."""
+    for index, message in enumerate(batch):
+        if message.name in paused_names:
+            return tuple(batch[:index]), message
+    return tuple(batch), None
 
 
-def plan_batches(
-    page: Sequence[Message],
-    batch_size: int,
-    cycle: CycleState,
-    busy: frozenset[str] | set[str] = frozenset(),
-) -> list[Batch]:
-    """Group a page (in id order) into batches by hint, honouring the batch size and the cycle so far.
+# A mark costs about one database commit; calls shorter than this share one mark.
+MAX_RUN = 1000
 
-    Hints in ``busy`` (a call still running from an earlier, abandoned batch) are skipped and stopped.
+
+def run_length(call_seconds: float | None, mark_seconds: float, remaining: int) -> int:
+    """How many of a hint's next calls one mark covers.
+
+    One call per mark while calls take longer than a mark (so the overhead stays small and a crash is
+    attributable to the one call running); for faster correlators, as many calls as fit in the time of one
+    mark, so that marking never costs more than the calls themselves. ``call_seconds`` is None before the
+    first call of a correlator has been timed: then one.
     """
-    groups: dict[str, list[Message]] = {}
-    for message in page:
-        hint = message.hint
-        if hint in cycle.stopped:
-            continue
-        if hint in busy:
-            cycle.stop(hint)
-            continue
-        taken = cycle.taken.get(hint, 0)
-        if batch_size != -1 and taken >= batch_size:
-            continue
-        cycle.taken[hint] = taken + 1
-        groups.setdefault(hint, []).append(message)
-    return [Batch(hint, tuple(messages)) for hint, messages in groups.items()]
+    if remaining <= 1 or call_seconds is None or call_seconds >= mark_seconds:
+        return 1
+    calls = int(mark_seconds / max(call_seconds, 1e-7))
+    return max(1, min(calls, remaining, MAX_RUN))

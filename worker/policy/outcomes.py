@@ -6,11 +6,15 @@ A handler returns (success) or raises:
 - :class:`PermanentError`: dead at once, no retries;
 - :class:`Reschedule`: try again after a delay without counting an attempt.
 
-:func:`resolve` turns that into a :class:`Disposition` for the store to write.
+:func:`resolve` turns that into a :class:`Disposition` for the store to write. It never raises and always
+produces values the schema accepts, whatever the handler handed back: a delay of a wrong type or one that
+overflows, an exception whose ``str()`` raises, text a database cannot store. One message's outcome can
+therefore never keep the outcomes of others from being recorded.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import traceback
 from dataclasses import dataclass
@@ -18,10 +22,12 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from worker.config import Policy
-from worker.message import Message
+from worker.message import COUNTER_MAX, NEXT_ATTEMPT_MAX, Message
 from worker.policy.backoff import retry_delay
 
 ERROR_HEAD_LIMIT = 2000
+# The longest delay the worker schedules; longer ones (or ones that overflow) are cut to it.
+MAX_DELAY = timedelta(days=365 * 1000)
 
 
 class Retry(Exception):
@@ -33,9 +39,13 @@ class PermanentError(Exception):
 
 
 class Reschedule(Exception):
-    """Not yet: try again after ``delay`` (the policy's ``reschedule_delay`` if None) without counting."""
+    """Not yet: try again after ``delay`` without counting an attempt.
 
-    def __init__(self, reason: str = "rescheduled", delay: timedelta | None = None) -> None:
+    ``delay`` is a :class:`~datetime.timedelta` or a number of seconds; None means the policy's
+    ``reschedule_delay``.
+    """
+
+    def __init__(self, reason: str = "rescheduled", delay: timedelta | float | None = None) -> None:
         super().__init__(reason)
         self.delay = delay
 
@@ -68,27 +78,81 @@ class Disposition:
     @property
     def outcome(self) -> str:
         """The outcome label counted in metrics: success, buffered, retry, dead, rescheduled."""
-        return {
-            Kind.DELETE: "success",
-            Kind.BUFFER: "buffered",
-            Kind.RETRY: "retry",
-            Kind.DEAD: "dead",
-            Kind.RESCHEDULE: "rescheduled",
-        }[self.kind]
+        return _OUTCOMES[self.kind]
 
     @property
     def stops_batch(self) -> bool:
         """True when later messages of the same hint must not be tried after this one in fail_first mode."""
         return self.kind is not Kind.DELETE
 
+    @property
+    def holds_back_hint(self) -> bool:
+        """True when the message stays in the table due later (or dead), holding back its hint's later ones."""
+        return self.kind in (Kind.BUFFER, Kind.RESCHEDULE)
+
+
+_OUTCOMES = {
+    Kind.DELETE: "success",
+    Kind.BUFFER: "buffered",
+    Kind.RETRY: "retry",
+    Kind.DEAD: "dead",
+    Kind.RESCHEDULE: "rescheduled",
+}
+
+
+def storable_text(text: str, limit: int = ERROR_HEAD_LIMIT) -> str:
+    """Text any database column takes: no NUL bytes, no lone surrogates, at most ``limit`` characters."""
+    cleaned = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 12] + "\n…truncated"
+
+
+def _safe_str(error: BaseException) -> str:
+    try:
+        return str(error)
+    except BaseException as failure:  # a handler's exception whose __str__ itself fails
+        return f"<str() of the exception raised {type(failure).__name__}>"
+
 
 def describe_exception(error: BaseException, limit: int = ERROR_HEAD_LIMIT) -> str:
     """A readable, bounded head of an exception: the message first, then the innermost frames."""
-    summary = f"{type(error).__name__}: {error}"
-    frames = traceback.format_exception(error)
-    # A NUL byte (e.g. from a binary response body) cannot be stored in a PostgreSQL text column.
-    text = (summary + "\n" + "".join(frames[-6:])).replace("\x00", "\\0")
-    return text if len(text) <= limit else text[: limit - 12] + "\n…truncated"
+    summary = f"{type(error).__name__}: {_safe_str(error)}"
+    try:
+        frames = "".join(traceback.format_exception(error)[-6:])
+    except BaseException:  # formatting calls str() again, and may fail the same way
+        frames = "".join(traceback.format_tb(error.__traceback__)[-5:]) if error.__traceback__ else ""
+    return storable_text(summary + "\n" + frames, limit)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message, for log lines (never raises)."""
+    text = _safe_str(error)
+    return text.splitlines()[0] if text else ""
+
+
+def _delay(value: object, default: timedelta) -> tuple[timedelta, str | None]:
+    """A reschedule delay as a bounded timedelta, and a note when the handler's value had to be replaced."""
+    if value is None:
+        return default, None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        return default, f"delay {type(value).__name__} is neither seconds nor a timedelta; used {default}"
+    if math.isnan(seconds) or seconds < 0:
+        return default, f"delay {value!r} is not a duration; used {default}"
+    if seconds > MAX_DELAY.total_seconds():
+        return MAX_DELAY, None
+    return timedelta(seconds=seconds), None
+
+
+def _due(now: datetime, delay: timedelta) -> datetime:
+    """``now + delay``, never past the latest time the schema stores (and never overflowing)."""
+    try:
+        due = now + delay
+    except OverflowError:
+        return NEXT_ATTEMPT_MAX
+    return min(due, NEXT_ATTEMPT_MAX)
 
 
 def resolve(
@@ -99,42 +163,38 @@ def resolve(
     poll_interval: timedelta,
     rng: random.Random | None = None,
 ) -> Disposition:
-    """Decide what one correlator call means for its row; ``error`` is None on success."""
+    """Decide what one correlator call means for its row; ``error`` is None on success. Never raises."""
     if error is None:
         return Disposition(message.id, Kind.DELETE, message.attempt)
+    reschedules = min(message.reschedule_count + 1, COUNTER_MAX)
     if isinstance(error, HandlerTimeout) and policy.timeout_outcome == "reschedule":
-        error = Reschedule(str(error))
+        error = Reschedule(_safe_str(error))
     if isinstance(error, Reschedule):
-        delay = error.delay if error.delay is not None else policy.reschedule_delay
+        delay, note = _delay(getattr(error, "delay", None), policy.reschedule_delay)
+        last_error = message.last_error
+        if note is not None:
+            last_error = storable_text(f"Reschedule: {note}")
         return Disposition(
-            message.id,
-            Kind.RESCHEDULE,
-            message.attempt,
-            next_attempt_at=now + delay,
-            reschedule_count=message.reschedule_count + 1,
-            last_error=message.last_error,
+            message.id, Kind.RESCHEDULE, message.attempt, _due(now, delay), reschedules, last_error
         )
     reason = describe_exception(error)
     if isinstance(error, PermanentError):
         return Disposition(
-            message.id, Kind.DEAD, message.attempt + 1, last_error=reason,
-            reschedule_count=message.reschedule_count,
+            message.id, Kind.DEAD, min(message.attempt + 1, COUNTER_MAX), None, message.reschedule_count, reason
         )
     time_to_live = message.time_to_live if message.time_to_live is not None else policy.time_to_live
-    if time_to_live is not None and now < message.created_at + time_to_live:
+    if time_to_live is not None and now < _due(message.created_at, time_to_live):
         return Disposition(
             message.id,
             Kind.BUFFER,
             message.attempt,
-            next_attempt_at=now + poll_interval,
-            reschedule_count=message.reschedule_count,
-            last_error=message.last_error,
+            _due(now, poll_interval),
+            message.reschedule_count,
+            message.last_error,
         )
-    failures = message.attempt + 1
+    failures = min(message.attempt + 1, COUNTER_MAX)
     if policy.max_retries is not None and failures >= policy.max_retries:
-        return Disposition(
-            message.id, Kind.DEAD, failures, last_error=reason, reschedule_count=message.reschedule_count
-        )
+        return Disposition(message.id, Kind.DEAD, failures, None, message.reschedule_count, reason)
     delay = retry_delay(
         failures,
         unit=policy.backoff_unit,
@@ -143,11 +203,34 @@ def resolve(
         jitter=policy.jitter,
         rng=rng,
     )
-    return Disposition(
-        message.id,
-        Kind.RETRY,
-        failures,
-        next_attempt_at=now + delay,
-        reschedule_count=message.reschedule_count,
-        last_error=reason,
-    )
+    return Disposition(message.id, Kind.RETRY, failures, _due(now, delay), message.reschedule_count, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class LostCallOutcome:
+    """What a call that ended without a recorded outcome (its replica died) means for its row."""
+
+    lost_calls: int
+    crashed_calls: int
+    dead: bool
+    last_error: str | None
+
+
+def settle_lost_call(
+    lost_calls: int, crashed_calls: int, last_error: str | None, crashed: bool, poison_after: int
+) -> LostCallOutcome:
+    """Count one lost call; a message whose calls crashed ``poison_after`` times is dead (0: never).
+
+    ``crashed`` is True when the call ran alone (marked by itself) when its replica died, so that the death is
+    attributable to this message; a call lost while other calls of a run were marked with it only counts as
+    lost, and the message is then delivered one call at a time until its outcome is recorded.
+    """
+    lost = min(lost_calls + 1, COUNTER_MAX)
+    crashes = min(crashed_calls + (1 if crashed else 0), lost)
+    if crashed and poison_after > 0 and crashes >= poison_after:
+        reason = (
+            f"poison message: its replica died during {crashes} calls of it without recording an outcome "
+            f"(poison_after={poison_after}); the correlator may crash the process (exit, segfault, out of memory)"
+        )
+        return LostCallOutcome(lost, crashes, True, reason)
+    return LostCallOutcome(lost, crashes, False, last_error)

@@ -1,6 +1,7 @@
 """The HTTP endpoint on the metrics port: ``/metrics``, ``/healthz`` and ``/readyz``.
 
-``/healthz`` is liveness: the main loop ticked within the liveness window (a hung loop turns it red).
+``/healthz`` is liveness: the main loop ticked within the liveness window (a hung loop turns it red), and
+the engine can still take work (calls stuck past their timeout do not hold every lane).
 ``/readyz`` is readiness: the database answers and its schema is the one this version needs.
 """
 
@@ -46,6 +47,7 @@ class Endpoint:
         heartbeat: Heartbeat,
         liveness_window: float,
         readiness: Callable[[], str | None],
+        health: Callable[[], str | None] = lambda: None,
     ) -> None:
         endpoint = self
 
@@ -56,10 +58,13 @@ class Endpoint:
                     self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     age = heartbeat.age()
-                    if age <= liveness_window:
-                        self._send(200, b"ok\n")
-                    else:
+                    problem = health()
+                    if age > liveness_window:
                         self._send(503, f"main loop silent for {age:.0f}s\n".encode())
+                    elif problem is not None:
+                        self._send(503, f"{problem}\n".encode())
+                    else:
+                        self._send(200, b"ok\n")
                 elif path == "/readyz":
                     problem = readiness()
                     self._send(200, b"ready\n") if problem is None else self._send(503, f"{problem}\n".encode())

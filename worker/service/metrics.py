@@ -33,10 +33,25 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
-        self.poll_duration = Histogram(
-            "correlation_poll_duration_seconds",
-            "Time of one poll cycle over every slot this replica holds.",
+        self.fetch_duration = Histogram(
+            "correlation_fetch_duration_seconds",
+            "Time to read one slot's candidate hints and their batches.",
             buckets=POLL_BUCKETS,
+            registry=r,
+        )
+        self.call_duration = Histogram(
+            "correlation_call_duration_seconds",
+            "Correlator call duration by message name.",
+            ["message_name"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.busy_lanes = Gauge(
+            "correlation_busy_lanes", "Correlator calls running now (at most poll.concurrency).", registry=r
+        )
+        self.hung_calls = Gauge(
+            "correlation_hung_calls",
+            "Correlator calls given up on after their handler timeout that have not returned yet.",
             registry=r,
         )
         self.messages_by_state = Gauge(
@@ -69,6 +84,60 @@ class Metrics:
         self.fenced_commits = Counter(
             "correlation_fenced_commits",
             "Result commits refused because the lease had been lost (nothing was written).",
+            registry=r,
+        )
+        self.record_failures = Counter(
+            "correlation_record_failures",
+            "Flushes of outcomes and in-flight marks that failed and were retried (nothing is lost).",
+            registry=r,
+        )
+        self.deferred_outcomes = Counter(
+            "correlation_deferred_outcomes",
+            "Outcomes not written at once because another session held their row locked (written later).",
+            registry=r,
+        )
+        self.unrecordable = Counter(
+            "correlation_unrecordable_outcomes",
+            "Outcomes the database refused to store; their messages were made dead with the reason.",
+            registry=r,
+        )
+        self.unreadable = Counter(
+            "correlation_unreadable_messages",
+            "Rows the worker could not read (e.g. a payload it cannot decode); made dead with the reason.",
+            registry=r,
+        )
+        self.lost_calls = Counter(
+            "correlation_lost_calls",
+            "Calls found in flight when a slot was taken over (their replica died or lost its lease).",
+            registry=r,
+        )
+        self.poison_messages = Counter(
+            "correlation_poison_messages",
+            "Messages made dead because their replica died during poison_after of their calls.",
+            ["message_name"],
+            registry=r,
+        )
+        self.order_waits = Counter(
+            "correlation_order_waits",
+            "Fetches that held messages back because a producer transaction with an earlier id was still open.",
+            registry=r,
+        )
+        self.order_wait_timeouts = Counter(
+            "correlation_order_wait_timeouts",
+            "Producer transactions open longer than order.max_wait that stopped holding later messages back.",
+            registry=r,
+        )
+        self.fetch_errors = Counter(
+            "correlation_fetch_errors", "Fetches of a slot that failed (retried after a backoff).", registry=r
+        )
+        self.listener_up = Gauge(
+            "correlation_listener_up",
+            "1 while the wake-up listener is connected (PostgreSQL LISTEN or the SQLite watcher), else 0.",
+            registry=r,
+        )
+        self.listener_reconnects = Counter(
+            "correlation_listener_reconnects",
+            "Times the wake-up listener reconnected (each followed by a re-scan of every slot).",
             registry=r,
         )
         self.database_errors = Counter(

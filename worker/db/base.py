@@ -1,0 +1,315 @@
+"""The store's plumbing: connections, transactions, the database clock, and driver errors translated.
+
+Every statement correlation-worker runs is in the ``worker.db`` package: :mod:`worker.db.messages` (the
+message table, for producers, the engine and operators), :mod:`worker.db.locks` (leases and named locks) and
+the tables that follow; :class:`worker.db.store.Store` puts them together. They return the project's own
+frozen values, never driver rows.
+
+Driver errors are translated at this boundary: an unreachable database becomes :class:`DatabaseUnavailable`,
+a statement that waited too long for a lock or ran too long (or lost a deadlock) :class:`DatabaseBusy`, a row
+the schema refuses :class:`MessageRejected`. The first two are transient: the caller tries again later.
+
+PostgreSQL sessions run with the settings' ``lock_timeout`` and ``statement_timeout``, TCP keepalives, and the
+time zone UTC (so that every time the schema accepts can be read). SQLite write transactions start with
+``BEGIN IMMEDIATE``: the write lock is taken before the first read, so a fenced commit checks its lease under
+the same lock it writes under.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import InterfaceError as SAInterfaceError
+
+from worker.config import DatabaseSettings
+from worker.db.schema import current_revision, head_revision, migrate
+from worker.message import MessageState
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """A database operation failed; the message says what and how to fix it."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be reached (or the connection broke); retry later."""
+
+
+class DatabaseBusy(StoreError):
+    """A statement waited too long for a lock, ran past its timeout, or lost a deadlock; retry later."""
+
+
+class MessageRejected(StoreError):
+    """The schema refused a row; ``constraint`` names the rule it broke."""
+
+    def __init__(self, message: str, constraint: str | None = None) -> None:
+        super().__init__(message)
+        self.constraint = constraint
+
+
+class LeaseLost(StoreError):
+    """A fenced write found that this replica no longer holds the lease; nothing was written."""
+
+
+class InvalidLockName(StoreError, ValueError):
+    """A lock name (or holder) that the lock table cannot store as given; it is never truncated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A lease term: the lock name, its holder and the fence value of the acquisition."""
+
+    name: str
+    holder: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockRow:
+    """One row of ``correlation_lock``."""
+
+    name: str
+    lock_until: datetime
+    locked_at: datetime
+    locked_by: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateCounts:
+    """Messages by state; ``waiting`` are ready ones whose next attempt is not due yet."""
+
+    ready: int
+    waiting: int
+    paused: int
+    dead: int
+    expired: int
+    oldest_eligible_age: timedelta | None
+
+    @property
+    def total(self) -> int:
+        """Every row in the table."""
+        return self.ready + self.waiting + self.paused + self.dead + self.expired
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """Which messages an admin command acts on; every set field must match."""
+
+    ids: tuple[int, ...] = ()
+    name: str | None = None
+    hint: str | None = None
+    state: MessageState | None = None
+
+    def is_empty(self) -> bool:
+        """True when nothing narrows the selection (the whole table)."""
+        return not self.ids and self.name is None and self.hint is None and self.state is None
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """What a producer gives; everything else has a default."""
+
+    name: str
+    hint: str
+    payload: Any = None
+    headers: Mapping[str, Any] | None = None
+    message_id: str | None = None
+    time_to_live: timedelta | None = None
+    expires_at: datetime | None = None
+    created_at: datetime | None = None  # None: the database's now()
+
+
+# SQLSTATEs of a statement that waited or ran too long, or lost to a concurrent transaction: transient.
+_BUSY_STATES = {
+    "55P03": "a lock wait exceeded lock_timeout",
+    "57014": "a statement exceeded statement_timeout",
+    "40P01": "a deadlock was detected",
+    "40001": "a serialization conflict",
+}
+_CONSTRAINT = re.compile(r'constraint "?([a-z_0-9]+)"?', re.IGNORECASE)
+_SQLITE_CHECK = re.compile(r"CHECK constraint failed: ([a-z_0-9]+)", re.IGNORECASE)
+
+
+def _detail(error: DBAPIError) -> str:
+    return str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
+
+
+def _sqlstate(error: DBAPIError) -> str | None:
+    return getattr(error.orig, "sqlstate", None)
+
+
+def translate(error: DBAPIError) -> StoreError | None:
+    """The project's error for a driver error, or None when it is not one the caller can act on."""
+    if isinstance(error, IntegrityError):
+        detail = _detail(error)
+        match = _SQLITE_CHECK.search(detail) or _CONSTRAINT.search(detail)
+        constraint = match.group(1) if match else None
+        if "UNIQUE" in detail.upper() or "duplicate key" in detail:
+            constraint = constraint or "correlation_message_message_id_key"
+        return MessageRejected(f"the database refused the message: {detail}", constraint)
+    state = _sqlstate(error)
+    if state in _BUSY_STATES:
+        return DatabaseBusy(f"database busy ({_BUSY_STATES[state]}): {_detail(error)}")
+    if "database is locked" in _detail(error):  # SQLite: another process held the write lock past busy_timeout
+        return DatabaseBusy(f"database busy: {_detail(error)}")
+    if isinstance(error, OperationalError | SAInterfaceError) or error.connection_invalidated:
+        return DatabaseUnavailable(f"database unavailable: {_detail(error)}")
+    return None
+
+
+_JSON_DECODER = json.JSONDecoder()
+
+
+def json_loads(data: bytes | str) -> Any:
+    """``json.loads`` for the UTF-8 text PostgreSQL sends, minus its encoding sniffing."""
+    return _JSON_DECODER.decode(data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data)
+
+
+def normalise_url(url: str) -> str:
+    """Use psycopg 3 for PostgreSQL whatever driver the URL names (or none)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _milliseconds(duration: timedelta) -> int:
+    return max(1, int(duration.total_seconds() * 1000))
+
+
+def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
+    """libpq parameters of every worker session: timeouts, keepalives, UTC, a recognisable name."""
+    keepalive = max(1, int(settings.keepalive.total_seconds()))
+    return {
+        "connect_timeout": max(1, int(settings.connect_timeout.total_seconds())),
+        "application_name": "correlation-worker",
+        "options": (
+            f"-c timezone=UTC -c lock_timeout={_milliseconds(settings.lock_timeout)}"
+            f" -c statement_timeout={_milliseconds(settings.statement_timeout)}"
+        ),
+        "keepalives": 1,
+        "keepalives_idle": keepalive,
+        "keepalives_interval": max(1, keepalive // 2),
+        "keepalives_count": 3,
+        # Unacknowledged data for this long means the peer is gone (e.g. a network partition mid-statement).
+        "tcp_user_timeout": 3 * keepalive * 1000,
+    }
+
+
+def build_engine(settings: DatabaseSettings) -> Engine:
+    """An engine for the configured database with sane pooling, timeouts and transaction modes."""
+    url = normalise_url(settings.url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30}, pool_pre_ping=False)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # transactions begin in the "begin" hook below
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(connection: Connection) -> None:
+            immediate = connection.get_execution_options().get("sqlite_immediate", False)
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+    return create_engine(
+        url,
+        pool_size=settings.pool_size,
+        max_overflow=settings.pool_size,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        connect_args=postgres_connect_args(settings),
+        json_deserializer=json_loads,
+    )
+
+
+class StoreBase:
+    """Connections, transactions and the clock; the statement mixins build on it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        # Writes on SQLite take the write lock first (BEGIN IMMEDIATE); PostgreSQL needs nothing special.
+        self._write_engine = engine.execution_options(sqlite_immediate=True) if self.dialect == "sqlite" else engine
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    @contextmanager
+    def _transaction(self, write: bool = False) -> Iterator[Connection]:
+        try:
+            with (self._write_engine if write else self.engine).begin() as connection:
+                yield connection
+        except DBAPIError as error:
+            translated = translate(error)
+            if translated is None:
+                raise
+            raise translated from error
+
+    def _run(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in a read transaction (on SQLite it takes no write lock)."""
+        with self._transaction() as connection:
+            return work(connection)
+
+    def _write(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in a write transaction."""
+        with self._transaction(write=True) as connection:
+            return work(connection)
+
+    def _now(self, connection: Connection) -> datetime:
+        if self.dialect == "postgresql":
+            value = connection.execute(text("SELECT now()")).scalar_one()
+        else:
+            raw = connection.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
+            value = datetime.fromisoformat(raw)
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+    # -- schema and clock ---------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The database clock."""
+        return self._run(self._now)
+
+    def ping(self) -> None:
+        """Raise DatabaseUnavailable unless the database answers."""
+        self._run(lambda c: c.execute(text("SELECT 1")))
+
+    def schema_revision(self) -> str | None:
+        """The schema revision of the database (None: never migrated)."""
+        return self._run(current_revision)
+
+    def schema_is_current(self) -> bool:
+        """True when the database schema is at the newest revision this version ships."""
+        return self.schema_revision() == head_revision()
+
+    def schema_migrate(self) -> tuple[str | None, str]:
+        """Apply every pending migration; returns (revision before, revision after)."""
+        try:
+            return migrate(self.engine)
+        except DBAPIError as error:
+            translated = translate(error)
+            if translated is None:
+                raise
+            raise translated from error
+
+
+def id_list(ids: Sequence[int]) -> str | None:
+    """A JSON array of ids, or None for none."""
+    return json.dumps(list(ids)) if ids else None

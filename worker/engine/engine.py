@@ -1,0 +1,530 @@
+"""The engine inside a replica (DESIGN.md §4): each held slot fetched on its own schedule, hint lanes kept busy
+across all of them, outcomes written by a committer while the lanes move on.
+
+::
+
+    wake-ups (NOTIFY, a slot taken over, a hint's work done)      poll interval, due times (backstop)
+                 │                                                          │
+                 ▼                                                          ▼
+    fetcher ── for the slot wanted soonest, while the rotation has room:
+                 adopt the calls its previous holder left in flight (once per term)
+                 candidates = hints with fresh or due messages (round robin over hints)
+                 batches    = each hint's eligible prefix, up to the commit-order horizon
+                 ──► rotation ──► lanes (poll.concurrency calls at once) ──► committer (group commits)
+                                                                              │
+                 a hint's work is over once its outcomes are written  ◄──────┘
+                 (its slot is fetched again at once if it had more)
+
+A hint is *busy* from its fetch until its last outcome is written; busy hints are left out of fetches, so
+a message is never handed out twice and a hint never has two calls at once. With ``batch_size`` N a hint
+that took N messages rests until the next poll interval (targets that need time between two messages).
+A durable pause of everything stops fetching; one of a hint leaves the hint out; one of a message name ends
+each batch before such a message and pauses it (it then holds back its hint's later messages, like any
+paused message) until the pause is lifted.
+
+:meth:`Engine.run_once` drives the same parts until nothing eligible is left now (for tests and embedding);
+:meth:`Engine.start` runs them continuously.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from worker.config import Settings
+from worker.correlators import Router
+from worker.db.base import DatabaseBusy, DatabaseUnavailable, Fence, LeaseLost
+from worker.db.messages import Candidates, LostCall, Pause, Unreadable
+from worker.db.store import Store
+from worker.engine.committer import Committer
+from worker.engine.lanes import DatabaseClock, HintWork, Lanes
+from worker.message import Message
+from worker.policy.batching import cut_batch
+from worker.policy.horizon import Horizon, Pin, PinClock, horizon
+from worker.policy.outcomes import LostCallOutcome, settle_lost_call
+from worker.service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+HORIZON_REUSE = 0.002  # seconds a horizon reading serves later fetches (it stays valid, only conservative)
+HELD_RETRY = 0.05  # seconds before a slot held back by the horizon is fetched again
+PAUSES_REUSE = 1.0  # seconds the list of durable pauses is reused
+ERROR_FIRST, ERROR_MAX = 0.5, 10.0  # backoff of a slot whose fetch failed
+
+
+class SlotSource(Protocol):
+    """The slots this replica may work on, and the lease terms that fence their writes."""
+
+    def slots(self) -> Sequence[int]:
+        """The slots held now and safe to act on (not being handed back)."""
+        ...
+
+    def fence(self, slot: int) -> Fence | None:
+        """The term of a slot's lease (None without leases)."""
+        ...
+
+    def safe_for(self, slot: int) -> float:
+        """Seconds the slot stays safe to act on."""
+        ...
+
+    def lost(self, slot: int) -> None:
+        """A write found the slot's lease gone."""
+        ...
+
+
+class AllSlots:
+    """Every slot, unfenced: an engine without leases (tests, benchmarks, embedding in another program)."""
+
+    def __init__(self, slot_count: int) -> None:
+        self._slots = tuple(range(slot_count))
+
+    def slots(self) -> Sequence[int]:
+        """Every slot."""
+        return self._slots
+
+    def fence(self, slot: int) -> Fence | None:
+        """No lease, no fence."""
+        return None
+
+    def safe_for(self, slot: int) -> float:
+        """Always safe."""
+        return float("inf")
+
+    def lost(self, slot: int) -> None:
+        """Nothing to lose."""
+
+
+@dataclass(slots=True)
+class PollResult:
+    """What :meth:`Engine.run_once` did."""
+
+    fetched: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    adopted: int = 0
+    unreadable: int = 0
+
+    @property
+    def correlated(self) -> int:
+        """Messages whose call ended in success."""
+        return self.outcomes.get("success", 0)
+
+
+@dataclass(slots=True)
+class _Slot:
+    slot: int
+    fence: Fence | None
+    adopted: bool
+    wanted_at: float = 0.0  # monotonic: fetch no earlier than this
+    cursor: str = ""  # round robin over the slot's hints: the last hint taken
+    delay: float = ERROR_FIRST
+    last_progress: float = 0.0  # monotonic: last fetch that found the slot drained or took work from it
+
+
+class Engine:
+    """Correlates the messages of the slots a :class:`SlotSource` hands it."""
+
+    def __init__(
+        self,
+        store: Store,
+        router: Router,
+        settings: Settings,
+        slots: SlotSource,
+        metrics: Metrics | None = None,
+        holder: str = "",
+        monotonic: Callable[[], float] = time.monotonic,
+        tick: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.slot_source = slots
+        self.metrics = metrics or Metrics()
+        self.holder = holder
+        self._monotonic = monotonic
+        self._tick = tick  # liveness: the fetch loop calls it at least every second
+        self.clock = DatabaseClock(monotonic)
+        self.committer = Committer(store, holder, self.metrics, self._lease_lost, monotonic)
+        self.lanes = Lanes(
+            router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
+            on_taken=self._room, monotonic=monotonic,
+        )
+        self._cond = threading.Condition()
+        self._slots: dict[int, _Slot] = {}
+        self._busy: dict[str, HintWork] = {}
+        self._resting: dict[str, float] = {}
+        self._tally: Counter[str] = Counter()
+        self._pins = PinClock()
+        self._horizon: tuple[float, Horizon] | None = None
+        self._pauses: tuple[float, list[Pause]] | None = None
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        per_hint = settings.policy.batch_size
+        self.page_size = settings.poll.page_size
+        self.per_hint = self.page_size if per_hint == -1 else min(per_hint, self.page_size)
+        self.high_water = max(4, 2 * settings.poll.concurrency)
+        self.interval = settings.poll.interval.total_seconds()
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the committer, the lanes and the fetch loop on threads of their own."""
+        self._start_parts()
+        fetcher = threading.Thread(target=self._fetch_forever, name="fetcher", daemon=True)
+        self._threads.append(fetcher)
+        fetcher.start()
+
+    def _start_parts(self) -> None:
+        if any(thread.name == "committer" for thread in self._threads):
+            return
+        committer = threading.Thread(target=self.committer.run, name="committer", daemon=True)
+        self._threads.append(committer)
+        committer.start()
+        self.lanes.start()
+
+    def stop(self, grace: float) -> None:
+        """Stop: fetch nothing more, let running calls finish for ``grace`` seconds (then give up on them),
+        write the outcomes, and return."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        for work in self.lanes.stop_taking_work():
+            self.lanes.settle(work)
+        self.lanes.wait_for_calls(grace)
+        self.committer.stop()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def wake(self, slots: Iterable[int] | None = None) -> None:
+        """Fetch these slots (None: every slot) as soon as there is room."""
+        now = self._monotonic()
+        with self._cond:
+            for state in self._slots.values() if slots is None else filter(None, map(self._slots.get, slots)):
+                state.wanted_at = min(state.wanted_at, now)
+            self._cond.notify_all()
+
+    def slots_in_use(self) -> set[int]:
+        """Slots this replica still works on (hints fetched, calls running, outcomes unwritten): not to be
+        handed to another replica yet."""
+        with self._cond:
+            busy = {work.slot for work in self._busy.values()}
+        return busy | self.lanes.slots_in_use()
+
+    def health(self) -> str | None:
+        """Why the engine cannot do its job (None when it can)."""
+        if self.lanes.exhausted():
+            return (
+                f"{self.lanes.hung()} correlator calls are stuck past their handler timeout and hold every lane "
+                "(poll.concurrency): restart this replica"
+            )
+        return None
+
+    def slot_progress_ages(self) -> dict[int, float]:
+        """Seconds since each held slot last drained or gave out work."""
+        now = self._monotonic()
+        with self._cond:
+            return {slot: now - state.last_progress for slot, state in self._slots.items()}
+
+    # -- one pass, for tests and embedding ------------------------------------------------------------------------
+
+    def run_once(self, timeout: float = 60.0) -> PollResult:
+        """Correlate everything eligible now (also what becomes eligible meanwhile), then return.
+
+        It is one poll: hints resting after a ``batch_size`` batch may take their next batch, messages due
+        later (retries, buffered ones) are left for a later poll, calls stuck past their timeout are not
+        waited for.
+        """
+        self._start_parts()
+        before = self._counts()
+        with self._cond:
+            self._resting.clear()
+        self._sync_slots()
+        self.wake()
+        deadline = self._monotonic() + timeout
+        adopted = 0
+        while self._monotonic() < deadline:
+            self._sync_slots()
+            now = self._monotonic()
+            with self._cond:
+                due = [state for state in self._slots.values() if state.wanted_at <= now]
+            for state in sorted(due, key=lambda s: s.wanted_at):
+                adopted += self._fetch(state)
+            if not due and self.lanes.idle() and self.committer.idle() and self._settled():
+                break
+            time.sleep(0.001)
+        after = self._counts()
+        outcomes = {key: after[key] - before[key] for key in after if after[key] != before[key]}
+        fetched = outcomes.pop("_fetched", 0)
+        unreadable = outcomes.pop("_unreadable", 0)
+        return PollResult(fetched, outcomes, adopted, unreadable)
+
+    def _settled(self) -> bool:
+        """No hint is busy except with calls given up on (or outcomes deferred behind others' locks)."""
+        with self._cond:
+            return all(work.hung or work.unrecorded for work in self._busy.values())
+
+    def _counts(self) -> Counter[str]:
+        with self._cond:
+            counts = Counter(self._tally)
+        return counts + self.lanes.tally()
+
+    # -- the fetch loop ---------------------------------------------------------------------------------------------
+
+    def _fetch_forever(self) -> None:
+        while not self._stopping.is_set():
+            self._tick()
+            try:
+                self._sync_slots()
+                state = self._next_slot()
+                if state is not None:
+                    self._fetch(state)
+            except Exception:  # a bug must not stop correlation; the loop goes on
+                logger.exception("the fetch loop failed; going on")
+                self._stopping.wait(1.0)
+
+    def _next_slot(self) -> _Slot | None:
+        """The slot wanted soonest once it is due and the rotation has room; None after waiting a while."""
+        with self._cond:
+            now = self._monotonic()
+            if self.lanes.waiting() < self.high_water and not self.lanes.exhausted():
+                due = min(self._slots.values(), key=lambda s: s.wanted_at, default=None)
+                if due is not None and due.wanted_at <= now:
+                    return due
+                wait = 1.0 if due is None else min(1.0, due.wanted_at - now)
+            else:
+                wait = 0.05
+            self._cond.wait(max(0.0005, wait))
+        return None
+
+    def _room(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _sync_slots(self) -> None:
+        """Follow the leases: slots taken are fetched at once (after adopting their in-flight calls), slots
+        gone have their waiting hints let go."""
+        held = set(self.slot_source.slots())
+        with self._cond:
+            known = set(self._slots)
+            for slot in held - known:
+                fence = self.slot_source.fence(slot)
+                self._slots[slot] = _Slot(slot, fence, adopted=fence is None, last_progress=self._monotonic())
+            gone = known - held
+            for slot in gone:
+                del self._slots[slot]
+            for slot in held & known:
+                fence = self.slot_source.fence(slot)
+                if fence != self._slots[slot].fence:  # lost and taken again between two looks
+                    self._slots[slot] = _Slot(slot, fence, adopted=fence is None, last_progress=self._monotonic())
+        for slot in gone:
+            for work in self.lanes.drop_slot(slot):
+                work.pending.clear()
+                self.lanes.settle(work)
+            self.committer.forget_slot(slot)
+
+    def _lease_lost(self, slot: int) -> None:
+        self.slot_source.lost(slot)
+
+    # -- fetching a slot -------------------------------------------------------------------------------------------
+
+    def _fetch(self, state: _Slot) -> int:
+        """Fetch one slot's work into the rotation; returns how many lost calls it adopted first."""
+        started = self._monotonic()
+        adopted = 0
+        try:
+            if not state.adopted:
+                adopted = self._adopt(state)
+            self._fetch_work(state)
+            state.delay = ERROR_FIRST
+        except LeaseLost:
+            self.slot_source.lost(state.slot)
+            with self._cond:
+                self._slots.pop(state.slot, None)
+        except (DatabaseUnavailable, DatabaseBusy) as error:
+            self._failed(state, error)
+        except Exception as error:  # one slot's trouble must not hold up the others
+            logger.exception("slot %s: fetch failed; trying again in %.1fs", state.slot, state.delay)
+            self._failed(state, error)
+        self.metrics.fetch_duration.observe(self._monotonic() - started)
+        return adopted
+
+    def _failed(self, state: _Slot, error: Exception) -> None:
+        self.metrics.fetch_errors.inc()
+        if isinstance(error, DatabaseUnavailable | DatabaseBusy):
+            self.metrics.database_errors.inc()
+            logger.warning("slot %s: fetch failed, trying again in %.1fs: %s", state.slot, state.delay, error)
+        with self._cond:
+            state.wanted_at = self._monotonic() + state.delay
+            state.delay = min(ERROR_MAX, state.delay * 2)
+
+    def _adopt(self, state: _Slot) -> int:
+        """Count the calls the slot's previous holder left in flight; poison messages are made dead."""
+        assert state.fence is not None
+
+        def settle(call: LostCall) -> LostCallOutcome:
+            poison_after = self.settings.policy_for(call.name).poison_after
+            return settle_lost_call(call.lost_calls, call.crashed_calls, call.last_error, call.crashed, poison_after)
+
+        adoption = self.store.slot_adopt_lost_calls(state.fence, settle)
+        state.adopted = adoption.kept == 0
+        if adoption.lost:
+            self.metrics.lost_calls.inc(len(adoption.lost))
+            logger.warning(
+                "slot %s taken over with %d call(s) of its previous holder unrecorded (%d attributed to its "
+                "death): they are delivered again, one call at a time", state.slot, len(adoption.lost),
+                len(adoption.crashed), extra={"slot": state.slot},
+            )
+        for message_id, name in adoption.poisoned:
+            self.metrics.poison_messages.labels(name).inc()
+            logger.error(
+                "message %s (%s) is dead: its replica died during %d of its calls (poison_after)", message_id,
+                name, self.settings.policy_for(name).poison_after,
+                extra={"id": message_id, "message_name": name, "slot": state.slot, "outcome": "poisoned"},
+            )
+        return len(adoption.lost)
+
+    def _fetch_work(self, state: _Slot) -> None:
+        now = self._monotonic()
+        pauses = self._pause_list(now)
+        if any(pause.scope == "all" for pause in pauses):
+            with self._cond:
+                state.wanted_at = now + self.interval
+                state.last_progress = now
+            return
+        paused_hints = {pause.target for pause in pauses if pause.scope == "hint"}
+        paused_names = {pause.target: pause.id for pause in pauses if pause.scope == "name"}
+        budget = max(1, self.high_water - self.lanes.waiting())
+        candidates = self.store.messages_candidates(state.slot, state.cursor, budget)
+        self.clock.observe(candidates.now)
+        with self._cond:
+            state.cursor = candidates.fresh[-1] if candidates.fresh else ""
+            self._prune_rests(now)
+            hints = [
+                hint
+                for hint in dict.fromkeys(candidates.due + candidates.fresh)
+                if hint not in self._busy and hint not in self._resting and hint not in paused_hints
+            ]
+        works: list[HintWork] = []
+        fetched = 0
+        reading = self._horizon_now(now) if hints else None
+        if hints:
+            limit = reading.id if reading is not None else 2**62
+            batches = self.store.messages_fetch_batches(
+                hints, horizon=limit, per_hint=self.per_hint, limit=self.page_size, mode=self.settings.policy.mode
+            )
+            self.clock.observe(batches.now)
+            if batches.unreadable:
+                self._dead_letter(batches.unreadable)
+            fetched = len(batches.messages)
+            full = fetched >= self.page_size
+            works = self._works(state, batches.messages, paused_names, full)
+        got = {work.hint for work in works}
+        with self._cond:
+            for work in works:
+                self._busy[work.hint] = work
+            self._tally["_fetched"] += fetched
+            more = len(candidates.fresh) >= budget or any(work.cut for work in works)
+            held = reading is not None and reading.held and len(got) < len(hints)
+            if more:
+                state.wanted_at = now
+            elif held:
+                state.wanted_at = now + HELD_RETRY
+                self.metrics.order_waits.inc()
+            else:
+                state.wanted_at = self._next_due(now, candidates)
+            if not held:  # the slot is drained or gave out work (held back by the horizon it is stuck)
+                state.last_progress = now
+        self.lanes.submit(works)
+
+    def _works(
+        self, state: _Slot, messages: Sequence[Message], paused_names: dict[str, int], full: bool
+    ) -> list[HintWork]:
+        """The fetched messages as one work per hint (in id order), ended before a paused name's message."""
+        by_hint: dict[str, list[Message]] = {}
+        for message in messages:
+            by_hint.setdefault(message.hint, []).append(message)
+        works = []
+        for hint, batch in by_hint.items():
+            taken, held = cut_batch(batch, paused_names)
+            if held is not None and self.store.message_park(held.id, paused_names[held.name]):
+                logger.info(
+                    "message %s paused: its name %r is paused", held.id, held.name,
+                    extra={"id": held.id, "message_name": held.name, "hint": held.hint},
+                )
+            if not taken:
+                continue
+            cut = held is None and (len(batch) >= self.per_hint or full)
+            works.append(HintWork(hint, state.slot, state.fence, deque(taken), cut))
+        return works
+
+    def _next_due(self, now: float, candidates: Candidates) -> float:
+        """When a drained slot is fetched again: its next due message, a hint's rest ending, or the poll."""
+        wanted = now + self.interval
+        if candidates.next_due is not None:
+            wanted = min(wanted, now + max(0.0, (candidates.next_due - candidates.now).total_seconds()))
+        return wanted
+
+    def _prune_rests(self, now: float) -> None:
+        for hint in [hint for hint, until in self._resting.items() if until <= now]:
+            del self._resting[hint]
+
+    def _horizon_now(self, now: float) -> Horizon | None:
+        """The commit-order horizon, read again unless a very recent reading can serve (it stays valid)."""
+        cached = self._horizon
+        if cached is not None and now - cached[0] < HORIZON_REUSE:
+            return cached[1]
+        reading = self.store.order_horizon()
+        if reading is None:
+            return None
+        pins = [Pin(after, holder) for after, holder in reading.pins]
+        result = horizon(reading.last_id, pins, self._pins, now, self.settings.order.max_wait.total_seconds())
+        if result.passed_over:
+            self.metrics.order_wait_timeouts.inc(result.passed_over)
+            logger.warning(
+                "%d producer transaction(s) open longer than order.max_wait (%s) no longer hold back later "
+                "messages; an earlier message of theirs may be correlated after a later one of its hint",
+                result.passed_over, self.settings.order.max_wait,
+            )
+        self._horizon = (now, result)
+        return result
+
+    def _pause_list(self, now: float) -> list[Pause]:
+        cached = self._pauses
+        if cached is not None and now - cached[0] < PAUSES_REUSE:
+            return cached[1]
+        pauses = self.store.pauses_list()
+        self._pauses = (now, pauses)
+        return pauses
+
+    def _dead_letter(self, rows: Sequence[Unreadable]) -> None:
+        self.store.messages_dead_letter({row.id: row.reason for row in rows})
+        self.metrics.unreadable.inc(len(rows))
+        with self._cond:
+            self._tally["_unreadable"] += len(rows)
+        for row in rows:
+            logger.error(
+                "message %s is dead: %s", row.id, row.reason,
+                extra={"id": row.id, "hint": row.hint, "slot": row.slot, "outcome": "dead"},
+            )
+
+    # -- a hint's work is over ---------------------------------------------------------------------------------
+
+    def _finished(self, work: HintWork) -> None:
+        now = self._monotonic()
+        if work.started:
+            self.metrics.batch_duration.observe(now - work.started)
+        with self._cond:
+            if self._busy.get(work.hint) is work:
+                del self._busy[work.hint]
+            state = self._slots.get(work.slot)
+            if state is not None and not work.stopped and work.cut:
+                if self.settings.policy.batch_size != -1:  # N per poll: the hint rests until the next one
+                    self._resting[work.hint] = now + self.interval
+                    state.wanted_at = min(state.wanted_at, now + self.interval)
+                else:
+                    state.wanted_at = min(state.wanted_at, now)
+            self._cond.notify_all()
+

@@ -1,0 +1,508 @@
+"""Hint lanes: the threads that call correlators, a hint at a time, in order, across all of a replica's slots.
+
+Fetched hints wait in one rotation (first in, first out). ``poll.concurrency`` lane threads each take the
+hint at the front, make its next *run* of calls, and put it back at the end if it has more: so a hint with a
+long backlog or slow calls never keeps a new hint (of any slot) waiting for more than one run. A hint is in
+the rotation or with one lane, never two: one hint never has two calls at once.
+
+A run is marked in flight (on the slot's lease row, through the committer) before its first call starts, so a
+replica taking the slot over after this one died knows which calls were under way. A run is one call for
+correlators slower than a mark (a crash is then attributable to that call) and several for fast ones
+(:func:`worker.policy.batching.run_length`); a message already lost once is always called alone.
+
+Before each call the lane checks that the message has not expired (by the database clock) and that the
+slot's lease stays safe for longer than the call may take. A watchdog gives up on calls past their handler
+timeout: the outcome is recorded as a timeout, the hint stays busy until the call returns, and a new lane
+thread replaces the stuck one, up to ``concurrency`` stuck threads; past that the replica stops taking work
+and reports itself unhealthy so that its supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from worker.config import Mode, Policy, Settings
+from worker.correlators import Router
+from worker.db.base import Fence
+from worker.engine.committer import Committer, Outcome
+from worker.message import Message
+from worker.policy.batching import run_length
+from worker.policy.outcomes import (
+    Disposition,
+    HandlerTimeout,
+    Kind,
+    PermanentError,
+    first_line,
+    resolve,
+)
+from worker.service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls
+
+
+class Leases(Protocol):
+    """What lanes ask of the slot leases before a call."""
+
+    def safe_for(self, slot: int) -> float:
+        """Seconds the slot stays safe to act on (infinite without leases)."""
+        ...
+
+
+class DatabaseClock:
+    """The database clock, estimated between readings from the local monotonic clock."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._reading: datetime | None = None
+        self._at = 0.0
+
+    def observe(self, now: datetime) -> None:
+        """A fresh reading of the database clock."""
+        with self._lock:
+            self._reading, self._at = now, self._monotonic()
+
+    def now(self) -> datetime:
+        """The database time now (the local clock's, in UTC, before the first reading)."""
+        with self._lock:
+            reading, at = self._reading, self._at
+        if reading is None:
+            from datetime import UTC
+
+            return datetime.now(UTC)
+        return reading + timedelta(seconds=self._monotonic() - at)
+
+
+@dataclass(eq=False)
+class HintWork:
+    """One hint's fetched batch while this replica works on it (the hint is *busy* meanwhile)."""
+
+    hint: str
+    slot: int
+    fence: Fence | None
+    pending: deque[Message]
+    cut: bool  # the fetch may have left more eligible messages of the hint behind
+    running: bool = False  # a lane is calling it
+    unrecorded: int = 0  # outcomes handed to the committer, not written yet
+    hung: bool = False  # a call given up on (timeout) is still running
+    stopped: bool = False  # an outcome ended the batch (it holds the hint back)
+    finished: bool = False
+    started: float = 0.0  # monotonic time of its first call
+    called: int = 0
+
+
+@dataclass(eq=False)
+class _Lane:
+    number: int
+    thread: threading.Thread | None = None
+    work: HintWork | None = None
+    current: Message | None = None
+    deadline: float = float("inf")
+    unstarted: list[int] = field(default_factory=list)  # marked calls of the run not made yet
+    abandoned: bool = False  # given up on (timeout or shutdown): its thread ends when the call returns
+    timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
+
+
+class Lanes:
+    """The lane threads and the rotation of hints waiting for them."""
+
+    def __init__(
+        self,
+        router: Router,
+        settings: Settings,
+        committer: Committer,
+        leases: Leases,
+        metrics: Metrics,
+        clock: DatabaseClock,
+        on_finished: Callable[[HintWork], None],
+        on_taken: Callable[[], None] = lambda: None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.router = router
+        self.settings = settings
+        self.mode: Mode = settings.policy.mode
+        self.committer = committer
+        self.leases = leases
+        self.metrics = metrics
+        self.clock = clock
+        # A hint's work is over: no call running or to make, every outcome written.
+        self._on_finished = on_finished
+        self._on_taken = on_taken  # a lane took a hint: there is room in the rotation
+        self._monotonic = monotonic
+        self.concurrency = settings.poll.concurrency
+        self._cond = threading.Condition()
+        self._rotation: deque[HintWork] = deque()
+        self._lanes: list[_Lane] = []
+        self._numbers = itertools.count(1)
+        self._hung = 0
+        self._stopping = False
+        self._started = False
+        self._tally: Counter[str] = Counter()  # outcomes of calls, for Engine.run_once
+        self._policies: dict[str, Policy] = {}
+        self._call_seconds: dict[str, float] = {}  # per message name, smoothed
+        self._mark_seconds = 0.002  # smoothed time a mark takes to be committed
+        self._watchdog: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the lane threads and the watchdog."""
+        with self._cond:
+            if self._started:
+                return
+            self._started = True
+            for _ in range(self.concurrency):
+                self._spawn()
+        self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _spawn(self) -> None:
+        lane = _Lane(next(self._numbers))
+        lane.thread = threading.Thread(target=self._serve_forever, args=(lane,), name=f"lane-{lane.number}",
+                                       daemon=True)
+        self._lanes.append(lane)
+        lane.thread.start()
+
+    def stop_taking_work(self) -> list[HintWork]:
+        """Start no new call; returns the hints still waiting in the rotation (the caller lets them go)."""
+        with self._cond:
+            self._stopping = True
+            dropped = list(self._rotation)
+            self._rotation.clear()
+            self._cond.notify_all()
+        return dropped
+
+    def wait_for_calls(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for running calls to end; give up on those still running then.
+
+        Calls given up at shutdown are left in flight marked as abandoned: the next holder of the slot
+        delivers them again without counting them as crashes.
+        """
+        deadline = self._monotonic() + grace
+        with self._cond:
+            while self._running_calls() and self._monotonic() < deadline:
+                self._cond.wait(min(0.05, max(0.0, deadline - self._monotonic())))
+            for lane in self._lanes:
+                if lane.current is not None and not lane.abandoned:
+                    lane.abandoned = True
+                    message = lane.current
+                    self.committer.abandon(message.slot, message.id)
+                    self.committer.unmark(message.slot, lane.unstarted)
+                    self.metrics.messages.labels(message.name, "abandoned").inc()
+                    logger.warning(
+                        "shutdown: gave up on the call of message %s (%s), still running; it will be delivered "
+                        "again", message.id, message.name, extra=_fields(message),
+                    )
+
+    def _running_calls(self) -> int:
+        return sum(1 for lane in self._lanes if lane.current is not None and not lane.abandoned)
+
+    # -- the rotation ---------------------------------------------------------------------------------------
+
+    def submit(self, works: Sequence[HintWork]) -> None:
+        """Put fetched hints at the end of the rotation."""
+        if not works:
+            return
+        with self._cond:
+            self._rotation.extend(works)
+            self._cond.notify_all()
+
+    def drop_slot(self, slot: int) -> list[HintWork]:
+        """Take a slot's hints out of the rotation (its lease is gone); returns them."""
+        with self._cond:
+            dropped = [work for work in self._rotation if work.slot == slot]
+            if dropped:
+                self._rotation = deque(work for work in self._rotation if work.slot != slot)
+        return dropped
+
+    def waiting(self) -> int:
+        """Hints waiting in the rotation for a lane."""
+        with self._cond:
+            return len(self._rotation)
+
+    def busy_lanes(self) -> int:
+        """Lanes making a call now (calls given up on not counted)."""
+        with self._cond:
+            return self._running_calls()
+
+    def hung(self) -> int:
+        """Calls given up on after their handler timeout that have not returned yet."""
+        with self._cond:
+            return self._hung
+
+    def exhausted(self) -> bool:
+        """True when stuck calls hold every lane the replica may have: it takes no more work."""
+        with self._cond:
+            return self._hung >= self.concurrency
+
+    def idle(self) -> bool:
+        """No hint waiting and no call running (calls given up on aside)."""
+        with self._cond:
+            return not self._rotation and not any(
+                lane.work is not None and not lane.abandoned for lane in self._lanes
+            )
+
+    def slots_in_use(self) -> set[int]:
+        """Slots with a call running (given up on or not): their leases must not be handed to anyone else."""
+        with self._cond:
+            return {lane.current.slot for lane in self._lanes if lane.current is not None}
+
+    # -- a lane -------------------------------------------------------------------------------------------
+
+    def _take(self, lane: _Lane) -> HintWork | None:
+        with self._cond:
+            while not self._rotation:
+                if self._stopping or lane.abandoned:
+                    return None
+                self._cond.wait(0.5)
+            if self._stopping or lane.abandoned:
+                return None
+            work = self._rotation.popleft()
+            work.running = True
+            lane.work = work
+        self._on_taken()
+        return work
+
+    def _serve_forever(self, lane: _Lane) -> None:
+        while True:
+            work = self._take(lane)
+            if work is None:
+                return
+            try:
+                self._serve(lane, work)
+            except Exception:  # a bug here must not take a lane away; the hint is let go
+                logger.exception("lane %s failed while calling hint %r", lane.number, work.hint)
+                work.pending.clear()
+            with self._cond:
+                work.running = False
+                lane.work = None
+                lane.unstarted = []
+                if lane.timed_out:  # the watchdog gave up on this thread's call: it has returned now
+                    self._hung -= 1
+                    self.metrics.hung_calls.set(self._hung)
+                    work.hung = False
+                if lane.abandoned:
+                    self._lanes.remove(lane)
+                requeue = bool(work.pending) and not work.stopped and not self._stopping
+                if requeue:
+                    self._rotation.append(work)
+                    self._cond.notify_all()
+                abandoned = lane.abandoned
+            if not requeue:
+                self.settle(work)
+            if abandoned:
+                return
+
+    def _policy(self, name: str) -> Policy:
+        policy = self._policies.get(name)
+        if policy is None:
+            policy = self._policies[name] = self.settings.policy_for(name)
+        return policy
+
+    def _run_of(self, work: HintWork) -> list[Message]:
+        """The next calls of a hint under one mark: alone when it was lost before, else by call speed."""
+        now = self.clock.now()
+        while work.pending and work.pending[0].is_expired(now):  # expired: never correlated, left to cleanup
+            work.pending.popleft()
+        if not work.pending:
+            return []
+        head = work.pending[0]
+        if head.redelivered:
+            count = 1
+        else:
+            count = run_length(self._call_seconds.get(head.name), self._mark_seconds, len(work.pending))
+        run: list[Message] = []
+        while work.pending and len(run) < count and not (run and work.pending[0].redelivered):
+            run.append(work.pending.popleft())
+        return run
+
+    def _serve(self, lane: _Lane, work: HintWork) -> None:
+        run = self._run_of(work)
+        if not run:
+            return
+        first = run[0]
+        if self.leases.safe_for(work.slot) <= self._policy(first.name).handler_timeout.total_seconds():
+            self._give_back(work, "its slot's lease may end before the call could")
+            return
+        asked = self._monotonic()
+        ticket = self.committer.mark(work.slot, work.fence, [m.id for m in run])
+        if ticket.wait() is None:  # the lease is gone (or the replica stops): the next holder calls them
+            self._give_back(work, "its slot's lease is gone")
+            return
+        self._mark_seconds += 0.2 * ((self._monotonic() - asked) - self._mark_seconds)
+        if not work.started:
+            work.started = self._monotonic()
+        for index, message in enumerate(run):
+            rest = [m.id for m in run[index + 1 :]]
+            if self._stopping:
+                self.committer.unmark(work.slot, [message.id, *rest])
+                work.pending.clear()
+                return
+            policy = self._policy(message.name)
+            timeout = policy.handler_timeout.total_seconds()
+            if message.is_expired(self.clock.now()):
+                self.committer.unmark(work.slot, [message.id])
+                continue
+            if index and self.leases.safe_for(work.slot) <= timeout:
+                self.committer.unmark(work.slot, [message.id, *rest])
+                self._give_back(work, "its slot's lease may end before the call could")
+                return
+            with self._cond:
+                lane.current, lane.unstarted = message, rest
+                lane.deadline = self._monotonic() + timeout
+            if message.redelivered:
+                self.metrics.redeliveries.inc()
+                logger.info(
+                    "delivering message %s again (%d earlier call(s) not recorded)", message.id,
+                    message.lost_calls, extra=_fields(message),
+                )
+            started = self._monotonic()
+            error = self._call(message)
+            elapsed = self._monotonic() - started
+            with self._cond:
+                if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
+                    return
+                lane.current = None
+            work.called += 1
+            self._observe(message.name, elapsed)
+            disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
+            self._record(work, message, disposition, error)
+            if disposition.kind is not Kind.DELETE and self.mode is Mode.FAIL_FIRST:
+                self.committer.unmark(work.slot, rest)
+                work.pending.clear()
+                work.stopped = True
+                return
+
+    def _give_back(self, work: HintWork, why: str) -> None:
+        """Make no more calls of this hint now (the messages not called stay as they are, for later)."""
+        logger.debug("hint %r left for later: %s", work.hint, why)
+        work.pending.clear()
+
+    def _observe(self, name: str, seconds: float) -> None:
+        self.metrics.call_duration.labels(name).observe(seconds)
+        previous = self._call_seconds.get(name)
+        self._call_seconds[name] = seconds if previous is None else previous + 0.2 * (seconds - previous)
+
+    def _call(self, message: Message) -> BaseException | None:
+        correlator = self.router.route(message.name)
+        if correlator is None:
+            return PermanentError(
+                f"no correlator route for message name {message.name!r}: add it to CORRELATION_CORRELATORS "
+                'or configure a "*" fallback'
+            )
+        try:
+            returned = correlator(message)
+        except BaseException as error:  # any handler exception (even SystemExit) is an outcome, never a crash
+            return error
+        # A handler may also return an outcome (Retry, PermanentError, Reschedule) instead of raising it.
+        return returned if isinstance(returned, BaseException) else None
+
+    def tally(self) -> Counter[str]:
+        """Outcomes of calls so far, by outcome."""
+        with self._cond:
+            return Counter(self._tally)
+
+    def _record(
+        self, work: HintWork, message: Message, disposition: Disposition, error: BaseException | None
+    ) -> None:
+        with self._cond:
+            work.unrecorded += 1
+            self._tally[disposition.outcome] += 1
+        self.metrics.messages.labels(message.name, disposition.outcome).inc()
+        if disposition.kind is not Kind.DELETE:
+            _log_failure(message, disposition, error)
+        self.committer.record(
+            Outcome(work.slot, work.fence, message, disposition, lambda outcome, how: self._recorded(work, how))
+        )
+
+    def _recorded(self, work: HintWork, how: str) -> None:
+        with self._cond:
+            work.unrecorded -= 1
+        self.settle(work)
+
+    def settle(self, work: HintWork) -> None:
+        """Report a hint's work as over once nothing of it runs, waits, or waits to be written."""
+        with self._cond:
+            if work.finished or work.running or work.unrecorded or work.hung:
+                return
+            if work.pending and not work.stopped and not self._stopping:
+                return  # more calls to make: it is in the rotation
+            work.finished = True
+        self._on_finished(work)
+
+    # -- the watchdog ---------------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping and not self._running_calls():
+                    return
+                now = self._monotonic()
+                late = [lane for lane in self._lanes if lane.current is not None and not lane.abandoned
+                        and now >= lane.deadline]
+                for lane in late:
+                    self._give_up(lane)
+            time.sleep(WATCH_TICK)
+
+    def _give_up(self, lane: _Lane) -> None:
+        """Under the lock: a call past its handler timeout is recorded as one; its thread is let go."""
+        message, work = lane.current, lane.work
+        assert message is not None and work is not None
+        lane.abandoned = lane.timed_out = True
+        self._hung += 1
+        work.hung = True
+        work.pending.clear()
+        work.stopped = True
+        policy = self._policy(message.name)
+        error = HandlerTimeout(f"the correlator did not return within {policy.handler_timeout}")
+        disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
+        work.unrecorded += 1
+        self._tally[disposition.outcome] += 1
+        self.metrics.messages.labels(message.name, disposition.outcome).inc()
+        _log_failure(message, disposition, error)
+        self.committer.unmark(work.slot, lane.unstarted)
+        self.committer.record(
+            Outcome(work.slot, work.fence, message, disposition, lambda outcome, how: self._recorded(work, how))
+        )
+        self.metrics.hung_calls.set(self._hung)
+        if self._hung < self.concurrency and not self._stopping:
+            self._spawn()
+            logger.warning(
+                "message %s: the correlator did not return within %s; its hint waits for the call, a new lane "
+                "replaces this one (%d call(s) stuck)", message.id, policy.handler_timeout, self._hung,
+                extra=_fields(message),
+            )
+        else:
+            logger.error(
+                "%d correlator calls are stuck past their timeout: this replica takes no more work; restart it",
+                self._hung,
+            )
+
+
+def _fields(message: Message) -> dict[str, object]:
+    """Structured log fields of a message (never its payload)."""
+    return {"message_name": message.name, "id": message.id, "message_id": message.message_id,
+            "hint": message.hint, "slot": message.slot, "attempt": message.attempt}
+
+
+def _log_failure(message: Message, disposition: Disposition, error: BaseException | None) -> None:
+    """One line per call that did not succeed: what it was, what happens next, and the error's first line."""
+    reason = f"{type(error).__name__}: {first_line(error)}" if error is not None else ""
+    due = disposition.next_attempt_at.isoformat() if disposition.next_attempt_at else "never"
+    level = logging.WARNING if disposition.kind in (Kind.RETRY, Kind.DEAD) else logging.INFO
+    logger.log(
+        level,
+        "%s id=%s hint=%s: %s (attempt %d, next %s): %s",
+        message.name, message.id, message.hint, disposition.outcome, disposition.attempt, due, reason,
+        extra={**_fields(message), "outcome": disposition.outcome, "next_attempt_at": due},
+    )
