@@ -4,9 +4,10 @@ One run, on the same data each time::
 
     1. create a database (or use the one given) and migrate it
     2. bulk-insert N messages over H hints, interleaved (message i has hint i % H)
-    3. drain them with the real engine in-process: Poller(AllSlots).run_once() until nothing is left
-       (with --leases, through a SlotLeaser holding every slot: fenced commits), with a no-op correlator
-       that records (hint, id); then check every message was handled exactly once and in id order per hint
+    3. drain them with the real engine in-process, running as a replica runs (fetch loop, lanes, committer),
+       through a SlotLeaser holding every slot (fenced commits, in-flight marks; --no-leases: every slot
+       unfenced), with a no-op correlator that records (hint, id); the clock stops once every outcome is
+       written; then check every message was handled exactly once and in id order per hint
     4. insert the same rows again and drain them with a plain loop on the bare driver:
        SELECT id ... LIMIT page; DELETE ... WHERE id = ANY(ids); COMMIT
     5. print engine msgs/s, floor msgs/s and their ratio (with --json, one JSON object as well)
@@ -14,7 +15,7 @@ One run, on the same data each time::
 Usage::
 
     .venv/bin/python bench/drain.py [--url URL] [--messages 100000] [--hints 1000] [--page-size 1000]
-                                    [--concurrency 1] [--leases] [--runs 1] [--json]
+                                    [--concurrency 8] [--no-leases] [--runs 1] [--json]
 
 ``--url`` (default: ``CORRELATION_BENCH_DATABASE_URL``, else the local PostgreSQL server): a PostgreSQL URL
 without a database name gets a throwaway database ``cw_bench_<random>``, dropped at the end; a URL naming a
@@ -46,8 +47,8 @@ from sqlalchemy.engine import make_url
 from worker.config import DatabaseSettings, MetricsSettings, PollSettings, Settings
 from worker.correlators import Router
 from worker.db.store import Store, StoreError, build_engine, normalise_url
+from worker.engine.engine import AllSlots, Engine, SlotSource
 from worker.engine.leases import SlotLeaser
-from worker.engine.poller import AllSlots, Poller, SlotSource
 from worker.message import Message
 
 URL_ENV = "CORRELATION_BENCH_DATABASE_URL"
@@ -137,7 +138,7 @@ class Driver(Protocol):
         ...
 
     def drain_floor(self, page_size: int) -> int:
-        """The raw-SQL floor: select a page of ids, delete them, commit; until empty. Returns the count."""
+        """The raw-SQL floor: read a page as a correlator needs it, delete it, commit; until empty. Returns the count."""
         ...
 
     def close(self) -> None:
@@ -174,7 +175,9 @@ class PostgresDriver:
         while True:
             with self.connection.transaction():
                 cursor = self.connection.execute(
-                    "SELECT id FROM correlation_message ORDER BY id LIMIT %s", (page_size,)
+                    "SELECT id, message_name, correlation_hint, payload, headers FROM correlation_message"
+                    " ORDER BY id LIMIT %s",
+                    (page_size,),
                 )
                 ids = [row[0] for row in cursor]
                 if ids:
@@ -217,7 +220,10 @@ class SqliteDriver:
         drained = 0
         while True:
             self.connection.execute("BEGIN")
-            select = "SELECT id FROM correlation_message ORDER BY id LIMIT ?"
+            select = (
+                "SELECT id, message_name, correlation_hint, payload, headers FROM correlation_message"
+                " ORDER BY id LIMIT ?"
+            )
             cursor = self.connection.execute(select, (page_size,))
             ids = [row[0] for row in cursor]
             if ids:
@@ -241,7 +247,7 @@ def connect_driver(url: str) -> Driver:
 
 
 def settings_for(url: str, page_size: int, concurrency: int) -> Settings:
-    """The engine's settings for the drain; the correlator is given to the poller directly."""
+    """The engine's settings for the drain; the correlator is given to the engine directly."""
     return Settings(
         database=DatabaseSettings(url=url),
         poll=PollSettings(
@@ -311,19 +317,21 @@ def run_once(url: str, driver: Driver, args: argparse.Namespace) -> RunFigures:
     stack = ExitStack()
     try:
         store.now()  # open the pool's connection outside the measurement
-        slots = stack.enter_context(slot_source(store, args.leases))
-        poller = Poller(store, Router({"*": recorder}), settings, slots)
-        stack.callback(poller.close)
-        pages = 0
+        slots = stack.enter_context(slot_source(store, not args.no_leases))
+        holder = slots.holder if isinstance(slots, SlotLeaser) else "bench"
+        engine = Engine(store, Router({"*": recorder}), settings, slots, holder=holder)
+        stack.callback(engine.stop, 0.0)
         cpu_started = time.process_time()
         started = time.perf_counter()
-        while len(recorder.seen) < args.messages:
-            result = poller.run_once()
-            pages += result.pages
-            if result.fetched == 0:
-                break
+        engine.start()
+        deadline = started + 600
+        while engine.committer.written < args.messages and time.perf_counter() < deadline:
+            time.sleep(0.002)
         engine_seconds = time.perf_counter() - started
         engine_cpu = time.process_time() - cpu_started
+        pages = engine.metrics.fetch_duration._sum.get() and int(
+            sum(bucket.get() for bucket in engine.metrics.fetch_duration._buckets)
+        )
     finally:
         stack.close()
         store.close()
@@ -364,9 +372,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--page-size", type=int, default=1000, help="poll page size, also the floor's (default 1000)"
     )
-    parser.add_argument("--concurrency", type=int, default=1, help="batches run at once (default 1)")
+    parser.add_argument("--concurrency", type=int, default=8, help="lanes: calls at once (default 8, as a replica)")
     parser.add_argument(
-        "--leases", action="store_true", help="poll through slot leases (fenced commits), not AllSlots"
+        "--no-leases", action="store_true", help="every slot unfenced (AllSlots), not leased as a replica does"
     )
     parser.add_argument("--runs", type=int, default=1, help="repeat and report the median (default 1)")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
@@ -415,14 +423,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = statistics.median(r.floor_rate for r in runs)
     parameters = (
         f"backend={backend} slots={slots} messages={args.messages} hints={args.hints} "
-        f"page_size={args.page_size} concurrency={args.concurrency} leases={args.leases} runs={args.runs}"
+        f"page_size={args.page_size} concurrency={args.concurrency} leases={not args.no_leases} runs={args.runs}"
     )
     print(
         f"engine: {engine:,.0f} msgs/s ({cpu:.0f} us of client CPU per message; "
         "verified: each message once, in id order per hint)"
     )
     delete = "id IN (...)" if backend == "sqlite" else "id = ANY(...)"
-    print(f"floor:  {floor:,.0f} msgs/s (SELECT id ... LIMIT page; DELETE ... WHERE {delete}; COMMIT)")
+    print(f"floor:  {floor:,.0f} msgs/s (SELECT id, name, hint, payload, headers ... LIMIT page; DELETE ... WHERE {delete}; COMMIT)")
     print(f"ratio:  {engine / floor:.2f} engine/floor")
     print(f"params: {parameters}")
     if args.json:

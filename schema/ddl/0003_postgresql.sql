@@ -78,6 +78,10 @@ CREATE TABLE correlation_pause (
     CONSTRAINT correlation_pause_once UNIQUE (scope, target)
 );
 
+-- The version of a lease's in-flight marks: writes racing each other (a lane's mark, a flush of outcomes)
+-- replace the marks only when newer, so that a late write never undoes a newer one.
+ALTER TABLE correlation_lock ADD COLUMN in_flight_version bigint NOT NULL DEFAULT 0;
+
 -- Every slot's lease row exists from the start, free: taking a slot is an UPDATE of rows that are never
 -- inserted concurrently, so acquisition never waits on another replica's uncommitted work.
 INSERT INTO correlation_lock (name, lock_until, locked_at, locked_by, fence)

@@ -116,6 +116,8 @@ CREATE TABLE correlation_pause (
     CONSTRAINT correlation_pause_once UNIQUE (scope, target)
 );
 
+ALTER TABLE correlation_lock ADD COLUMN in_flight_version INTEGER NOT NULL DEFAULT 0;
+
 INSERT INTO correlation_lock (name, lock_until, locked_at, locked_by, fence)
 VALUES ('slot:0', strftime('%Y-%m-%d %H:%M:%f000', 'now'), strftime('%Y-%m-%d %H:%M:%f000', 'now'), '', 0)
     ON CONFLICT (name) DO NOTHING;

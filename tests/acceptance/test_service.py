@@ -43,7 +43,21 @@ POLLING_LINE = re.compile(r"replica (\S+) polling ")
 DOCUMENTED = {
     "correlation_messages_total": "counter",
     "correlation_batch_duration_seconds": "histogram",
-    "correlation_poll_duration_seconds": "histogram",
+    "correlation_fetch_duration_seconds": "histogram",
+    "correlation_call_duration_seconds": "histogram",
+    "correlation_busy_lanes": "gauge",
+    "correlation_hung_calls": "gauge",
+    "correlation_record_failures_total": "counter",
+    "correlation_deferred_outcomes_total": "counter",
+    "correlation_unrecordable_outcomes_total": "counter",
+    "correlation_unreadable_messages_total": "counter",
+    "correlation_lost_calls_total": "counter",
+    "correlation_poison_messages_total": "counter",
+    "correlation_order_waits_total": "counter",
+    "correlation_order_wait_timeouts_total": "counter",
+    "correlation_fetch_errors_total": "counter",
+    "correlation_listener_up": "gauge",
+    "correlation_listener_reconnects_total": "counter",
     "correlation_messages_by_state": "gauge",
     "correlation_oldest_eligible_message_age_seconds": "gauge",
     "correlation_slots_held": "gauge",
@@ -221,7 +235,7 @@ def test_counters_and_histograms_move_as_messages_are_correlated(pg_db: Database
     base = endpoint(process)
     before = scrape(base)
     assert value(before, "correlation_batch_duration_seconds_count") == 0
-    polls_before = value(before, "correlation_poll_duration_seconds_count")
+    fetches_before = value(before, "correlation_fetch_duration_seconds_count")
 
     succeeding = [pg_db.insert("order.paid", f"order-{n}", {"seq": n}) for n in range(5)]
     failing = [pg_db.insert("order.refunded", f"refund-{n}", {"seq": n, "fail": True}) for n in range(3)]
@@ -231,8 +245,7 @@ def test_counters_and_histograms_move_as_messages_are_correlated(pg_db: Database
         return (
             value(samples, "correlation_messages_total", message_name="order.paid", outcome="success") >= 5
             and value(samples, "correlation_messages_total", message_name="order.refunded", outcome="retry") >= 3
-            # the cycle that counted them has ended (a cycle is observed when it ends)
-            and value(samples, "correlation_poll_duration_seconds_count") > polls_before + 1
+            and value(samples, "correlation_call_duration_seconds_count") >= 8
         )
 
     wait_until(counted, what="the outcomes to be counted", workers=[process])
@@ -249,7 +262,8 @@ def test_counters_and_histograms_move_as_messages_are_correlated(pg_db: Database
     assert batches >= 8, "one batch per hint, each observed"
     assert value(after, "correlation_batch_duration_seconds_bucket", le="+Inf") == batches
     assert value(after, "correlation_batch_duration_seconds_sum") > 0
-    assert value(after, "correlation_poll_duration_seconds_count") > polls_before
+    assert value(after, "correlation_fetch_duration_seconds_count") > fetches_before
+    assert value(after, "correlation_call_duration_seconds_count", message_name="order.paid") == 5
 
     # Labels are bounded: names and outcomes, never a hint or an id.
     hints_and_ids = {f"order-{n}" for n in range(5)} | {f"refund-{n}" for n in range(3)}
@@ -373,7 +387,11 @@ def test_a_call_longer_than_the_grace_is_abandoned_untouched_and_delivered_again
     pg_db: Database, start_worker: StartWorker
 ) -> None:
     grace = 1.0
-    process = start_worker(pg_db, shutdown__grace="PT1S")
+    # Short leases: the slot of the call given up on keeps its lease until it expires (no other replica may
+    # call the hint while the call may still run), then the successor takes it over.
+    leases = {"lease__duration": "PT6S", "lease__renew_interval": "PT1S", "lease__safety_margin": "PT0.5S",
+              "policy__handler_timeout": "PT4S"}
+    process = start_worker(pg_db, shutdown__grace="PT1S", **leases)
     replica = replica_of(process)
     row_id = pg_db.insert("order.paid", "order-1", {"sleep_seconds": 20})
     wait_until(lambda: call_started(pg_db, row_id), what="the call to start", workers=[process])
@@ -390,11 +408,11 @@ def test_a_call_longer_than_the_grace_is_abandoned_untouched_and_delivered_again
     assert (row["state"], row["attempt"], row["next_attempt_at"], row["last_error"]) == ("ready", 0, None, None)
     [call] = pg_db.calls_of(row_id)
     assert call.ended_at is None
-    assert held_slot_locks(pg_db, replica) == []
+    assert held_slot_locks(pg_db, replica) == [f"slot:{row['slot']}"]  # only the slot of the running call
 
     # Delivered again by the next replica (the producer's payload now lets it finish at once).
     pg_db.execute("UPDATE correlation_message SET payload = '{}' WHERE id = %s", (row_id,))
-    successor = start_worker(pg_db)
+    successor = start_worker(pg_db, **leases)
     wait_until(lambda: pg_db.gone(row_id), what="the message delivered again", workers=[successor])
     assert [(c.attempt, c.outcome) for c in pg_db.calls_of(row_id)] == [(0, None), (0, "ok")]
     assert value(scrape(endpoint(successor)), "correlation_redeliveries_total") == 1

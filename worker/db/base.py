@@ -195,7 +195,8 @@ def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
         "connect_timeout": max(1, int(settings.connect_timeout.total_seconds())),
         "application_name": "correlation-worker",
         "options": (
-            f"-c timezone=UTC -c lock_timeout={_milliseconds(settings.lock_timeout)}"
+            "-c timezone=UTC -c default_transaction_isolation=read\\ committed"
+            f" -c lock_timeout={_milliseconds(settings.lock_timeout)}"
             f" -c statement_timeout={_milliseconds(settings.statement_timeout)}"
         ),
         "keepalives": 1,
@@ -231,7 +232,9 @@ def build_engine(settings: DatabaseSettings) -> Engine:
         url,
         pool_size=settings.pool_size,
         max_overflow=settings.pool_size,
-        pool_pre_ping=True,
+        # No ping before each checkout (a round trip per transaction): a broken connection fails its
+        # statement, is discarded, and the caller's retry takes a fresh one.
+        pool_pre_ping=False,
         pool_recycle=1800,
         connect_args=postgres_connect_args(settings),
         json_deserializer=json_loads,
@@ -246,6 +249,8 @@ class StoreBase:
         self.dialect = engine.dialect.name
         # Writes on SQLite take the write lock first (BEGIN IMMEDIATE); PostgreSQL needs nothing special.
         self._write_engine = engine.execution_options(sqlite_immediate=True) if self.dialect == "sqlite" else engine
+        # Single statements that are their own transaction (no BEGIN/COMMIT round trips).
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def close(self) -> None:
         """Close every pooled connection."""

@@ -196,7 +196,7 @@ def _build_lock_statements(dialect: str) -> _LockStatements:
             VALUES (:name, {until}, {now}, :holder, 1)
             ON CONFLICT (name) DO UPDATE
                SET lock_until = excluded.lock_until, locked_at = excluded.locked_at,
-                   locked_by = excluded.locked_by, fence = correlation_lock.fence + 1
+                   locked_by = excluded.locked_by, fence = correlation_lock.fence + 1, in_flight_version = 0
              WHERE correlation_lock.lock_until <= {now}
             RETURNING fence
             """
@@ -219,7 +219,8 @@ def _build_lock_statements(dialect: str) -> _LockStatements:
                  {skip_locked}
             )
             UPDATE correlation_lock
-               SET lock_until = {until}, locked_at = {now}, locked_by = :holder, fence = fence + 1
+               SET lock_until = {until}, locked_at = {now}, locked_by = :holder, fence = fence + 1,
+                   in_flight_version = 0
              WHERE name IN (SELECT name FROM free)
             RETURNING name, fence
             """

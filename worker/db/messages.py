@@ -21,6 +21,7 @@ is *deferred* (written at a later flush) while the others are written.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,6 +49,7 @@ from worker.db.base import (
     StoreBase,
     StoreError,
     json_loads,
+    translate,
 )
 from worker.db.schema import NOTIFY_CHANNEL, UtcDateTime, message_table, pause_table
 from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Message, MessageState
@@ -101,6 +103,7 @@ class SlotWrite:
     fence: Fence | None  # None: no lease (a single unfenced engine)
     dispositions: tuple[Disposition, ...] = ()
     marks: str | None = None  # the JSON of in_flight after this flush
+    version: int = 0  # the marks' version: a write replaces only an older one
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,24 +230,10 @@ def decode_row(values: Sequence[Any], sqlite: bool) -> Message | Unreadable:
             expires_at = _sqlite_time(expires_at)
             next_attempt_at = _sqlite_time(next_attempt_at)
             time_to_live = None if time_to_live is None else timedelta(seconds=float(time_to_live))
-        return Message(
-            id=id_,
-            message_id=message_id,
-            name=name,
-            hint=hint,
-            payload=_freeze(payload),
-            headers=_freeze(headers),
-            created_at=created_at,
-            time_to_live=time_to_live,
-            expires_at=expires_at,
-            attempt=attempt,
-            next_attempt_at=next_attempt_at,
-            reschedule_count=reschedule_count,
-            last_error=last_error,
-            state=_STATES.get(state) or MessageState(state),
-            slot=slot,
-            lost_calls=lost_calls,
-            crashed_calls=crashed_calls,
+        return Message(  # positionally: a keyword call costs more than the rest of building the message
+            id_, message_id, name, hint, _freeze(payload), _freeze(headers), created_at, time_to_live, expires_at,
+            attempt, next_attempt_at, reschedule_count, last_error, _STATES.get(state) or MessageState(state),
+            slot, lost_calls, crashed_calls,
         )
     except (ValueError, TypeError, OverflowError, RecursionError) as error:
         reason = f"the worker cannot read this message: {type(error).__name__}: {str(error)[:300]}"
@@ -368,6 +357,16 @@ def _batches_statement(dialect: str, mode: Mode) -> TextClause:
 
 
 _STATEMENTS: dict[tuple[str, str, object], TextClause] = {}
+_DRIVER_SQL: dict[int, str] = {}
+
+
+def _driver_sql(statement: TextClause) -> str:
+    """A text statement's SQL with psycopg's ``%(name)s`` placeholders instead of ``:name``."""
+    sql = _DRIVER_SQL.get(id(statement))
+    if sql is None:
+        sql = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", statement.text.replace("%", "%%"))
+        _DRIVER_SQL[id(statement)] = sql
+    return sql
 
 
 def _statement(dialect: str, name: str, variant: object, build: Callable[[], TextClause]) -> TextClause:
@@ -424,23 +423,48 @@ _EXISTING = text("SELECT id FROM correlation_message WHERE id IN :ids").bindpara
 )
 
 # A lease's fence, locked for the rest of the transaction, with the seconds left of its term; and its marks.
+# A lease's fence, locked for the rest of the transaction, with the seconds left of its term; and its marks.
+# Marks are written by the committer and by lanes at once: each write carries a version ("v") and replaces
+# only an older one, so a write that arrives late never undoes a newer one (which includes what it had).
 _FENCE_AND_MARKS = {
     "postgresql": text(
         """
-        UPDATE correlation_lock SET in_flight = :marks
+        UPDATE correlation_lock
+           SET in_flight = CASE WHEN in_flight_version < CAST(:version AS bigint) THEN :marks ELSE in_flight END,
+               in_flight_version = greatest(in_flight_version, CAST(:version AS bigint))
          WHERE name = :name AND locked_by = :holder AND fence = :fence AND lock_until > now()
         RETURNING EXTRACT(EPOCH FROM lock_until - now()) AS remaining
         """
     ),
     "sqlite": text(
         """
-        UPDATE correlation_lock SET in_flight = :marks
+        UPDATE correlation_lock
+           SET in_flight = CASE WHEN in_flight_version < :version THEN :marks ELSE in_flight END,
+               in_flight_version = max(in_flight_version, :version)
          WHERE name = :name AND locked_by = :holder AND fence = :fence
            AND lock_until > strftime('%Y-%m-%d %H:%M:%f000', 'now')
         RETURNING (julianday(lock_until) - julianday('now')) * 86400.0 AS remaining
         """
     ),
 }
+
+# Several leases at once (PostgreSQL), in name order: the fence check of a group commit in one statement.
+_FENCE_AND_MARKS_MANY_SQL = """
+    UPDATE correlation_lock AS l
+       SET in_flight = CASE WHEN l.in_flight_version < v.version THEN v.marks ELSE l.in_flight END,
+           in_flight_version = greatest(l.in_flight_version, v.version)
+      FROM unnest(CAST(:names AS text[]), CAST(:holders AS text[]), CAST(:fences AS bigint[]),
+                  CAST(:marks AS text[]), CAST(:versions AS bigint[])) AS v(name, holder, fence, marks, version)
+           {fast}
+     WHERE l.name = v.name AND l.locked_by = v.holder AND l.fence = v.fence AND l.lock_until > now()
+    RETURNING l.name, EXTRACT(EPOCH FROM l.lock_until - now()) AS remaining
+"""
+_FENCE_AND_MARKS_MANY = text(_FENCE_AND_MARKS_MANY_SQL.format(fast=""))
+# Marks alone: one statement, its own transaction, committed without waiting for the disk.
+_MARKS_ONLY = text(
+    "WITH fast AS (SELECT set_config('synchronous_commit', 'off', true))"
+    + _FENCE_AND_MARKS_MANY_SQL.format(fast=", fast")
+)
 
 _READ_MARKS = {
     "postgresql": text(
@@ -452,7 +476,8 @@ _READ_MARKS = {
         "AND lock_until > strftime('%Y-%m-%d %H:%M:%f000', 'now')"
     ),
 }
-_WRITE_MARKS = text("UPDATE correlation_lock SET in_flight = :marks WHERE name = :name")
+# A new term's marks start from version 0.
+_WRITE_MARKS = text("UPDATE correlation_lock SET in_flight = :marks, in_flight_version = 0 WHERE name = :name")
 
 _LOST_ROWS = {
     "postgresql": text(
@@ -529,69 +554,120 @@ class MessageStatements(StoreBase):
     def messages_candidates(self, slot: int, after: str, budget: int) -> Candidates:
         """A slot's hints that may have work: up to ``budget`` with fresh messages after ``after`` (wrapping
         round to the start), up to ``budget`` with due delayed messages, and the slot's next due time."""
-
-        def work(connection: Connection) -> Candidates:
-            rows = connection.execute(
-                _statement(self.dialect, "candidates", False, lambda: _candidates_sql(self.dialect, False)),
-                {"slot": slot, "after": after, "budget": budget},
-            ).all()
-            fresh = [row.hint for row in rows if row.kind == "f"]
-            if len(fresh) < budget and after:
-                more = connection.execute(
-                    _statement(self.dialect, "candidates", True, lambda: _candidates_sql(self.dialect, True)),
-                    {"slot": slot, "after": after, "budget": budget - len(fresh)},
-                ).all()
-                fresh += [row.hint for row in more if row.kind == "f" and row.hint not in fresh]
-            due = tuple(dict.fromkeys(row.hint for row in rows if row.kind == "d"))
-            times = {row.kind: _sqlite_time(row.due) for row in rows if row.kind in ("n", "t")}
-            now = times["t"]
-            assert now is not None
-            return Candidates(tuple(fresh), due, times.get("n"), now)
-
-        return self._run(work)
+        return self._run(lambda c: self._candidates(c, slot, after, budget))
 
     def order_horizon(self) -> HorizonReading | None:
         """The sequence's last id and the registered producer transactions; None where order needs no
         horizon (SQLite: one writer at a time, so ids commit in order)."""
         if self.dialect != "postgresql":
             return None
-        row = self._run(lambda c: c.execute(_HORIZON).one())
-        pins = tuple(zip(row.pin_ids or (), row.pin_holders or (), strict=True))
-        return HorizonReading(int(row.last_id), tuple((int(after), str(holder)) for after, holder in pins))
+        return self._run(self._horizon)
 
     def messages_fetch_batches(
         self, hints: Sequence[str], *, horizon: int, per_hint: int, limit: int, mode: Mode
     ) -> Fetched:
         """Each hint's batch (at most ``per_hint`` messages, ``limit`` in all), in id order per hint."""
-        if not hints:
-            return Fetched((), (), datetime.now(UTC))
-        statement = _statement(self.dialect, "batches", mode, lambda: _batches_statement(self.dialect, mode))
-        sqlite = self.dialect == "sqlite"
+        return self._run(lambda c: self._batches(c, hints, horizon, per_hint, limit, mode, self._now(c)))
 
-        def work(connection: Connection) -> Fetched:
-            now = self._now(connection)
-            if not sqlite:
-                params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
-                rows: list[Any] = list(connection.execute(statement, params).all())
-            else:
-                rows = []
-                for hint in hints:
-                    take = min(per_hint, limit - len(rows))
-                    if take <= 0:
-                        break
-                    params = {"hint": hint, "horizon": horizon, "per_hint": take}
-                    rows += connection.execute(statement, params).all()
-            messages: list[Message] = []
-            unreadable: list[Unreadable] = []
-            for row in rows:
-                decoded = decode_row(row, sqlite)
-                if isinstance(decoded, Message):
-                    messages.append(decoded)
-                else:
-                    unreadable.append(decoded)
-            return Fetched(tuple(messages), tuple(unreadable), now)
+    def messages_fetch_slot(
+        self,
+        slot: int,
+        after: str,
+        budget: int,
+        *,
+        choose: Callable[[Candidates], Sequence[str]],
+        horizon: Callable[[Callable[[], HorizonReading | None]], int],
+        per_hint: int,
+        limit: int,
+        mode: Mode,
+    ) -> tuple[Candidates, Fetched]:
+        """A slot's fetch: its candidate hints, the hints ``choose`` takes of them, then the commit-order horizon
+        (``horizon`` decides, reading it through the function it is given when it needs a fresh reading) and
+        those hints' batches below it.
+
+        The batches must be read from a snapshot taken after ``choose`` ran (which looks at what this replica
+        is still busy with): on PostgreSQL every statement of a READ COMMITTED transaction takes a new one, so
+        one transaction serves; SQLite keeps one snapshot per transaction, so the batches get a second one.
+        """
+
+        def batches(connection: Connection, candidates: Candidates, hints: Sequence[str]) -> Fetched:
+            if not hints:
+                return Fetched((), (), candidates.now)
+            limit_id = horizon(lambda: self._horizon(connection) if self.dialect == "postgresql" else None)
+            return self._batches(connection, hints, limit_id, per_hint, limit, mode, candidates.now)
+
+        if self.dialect == "sqlite":
+            candidates = self._run(lambda c: self._candidates(c, slot, after, budget))
+            hints = choose(candidates)
+            return candidates, self._run(lambda c: batches(c, candidates, hints))
+
+        def work(connection: Connection) -> tuple[Candidates, Fetched]:
+            candidates = self._candidates(connection, slot, after, budget)
+            return candidates, batches(connection, candidates, choose(candidates))
 
         return self._run(work)
+
+    def _candidates(self, connection: Connection, slot: int, after: str, budget: int) -> Candidates:
+        rows = connection.execute(
+            _statement(self.dialect, "candidates", False, lambda: _candidates_sql(self.dialect, False)),
+            {"slot": slot, "after": after, "budget": budget},
+        ).all()
+        fresh = [row.hint for row in rows if row.kind == "f"]
+        if len(fresh) < budget and after:
+            more = connection.execute(
+                _statement(self.dialect, "candidates", True, lambda: _candidates_sql(self.dialect, True)),
+                {"slot": slot, "after": after, "budget": budget - len(fresh)},
+            ).all()
+            fresh += [row.hint for row in more if row.kind == "f" and row.hint not in fresh]
+        due = tuple(dict.fromkeys(row.hint for row in rows if row.kind == "d"))
+        times = {row.kind: _sqlite_time(row.due) for row in rows if row.kind in ("n", "t")}
+        now = times["t"]
+        assert now is not None
+        return Candidates(tuple(fresh), due, times.get("n"), now)
+
+    def _horizon(self, connection: Connection) -> HorizonReading:
+        row = connection.execute(_HORIZON).one()
+        pins = tuple(zip(row.pin_ids or (), row.pin_holders or (), strict=True))
+        return HorizonReading(int(row.last_id), tuple((int(after), str(holder)) for after, holder in pins))
+
+    def _batches(
+        self,
+        connection: Connection,
+        hints: Sequence[str],
+        horizon: int,
+        per_hint: int,
+        limit: int,
+        mode: Mode,
+        now: datetime,
+    ) -> Fetched:
+        if not hints:
+            return Fetched((), (), now)
+        statement = _statement(self.dialect, "batches", mode, lambda: _batches_statement(self.dialect, mode))
+        sqlite = self.dialect == "sqlite"
+        if not sqlite:
+            # The driver's own cursor, binary: this statement reads every message the engine handles, and rows
+            # built by the driver alone cost a fraction of the general result machinery.
+            params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
+            driver = connection.connection.driver_connection
+            with driver.cursor(binary=True) as cursor:  # type: ignore[union-attr]
+                cursor.execute(_driver_sql(statement), params)
+                rows: list[Any] = cursor.fetchall()
+        else:
+            rows = []
+            for hint in hints:
+                take = min(per_hint, limit - len(rows))
+                if take <= 0:
+                    break
+                rows += connection.execute(statement, {"hint": hint, "horizon": horizon, "per_hint": take}).all()
+        messages: list[Message] = []
+        unreadable: list[Unreadable] = []
+        for row in rows:
+            decoded = decode_row(row, sqlite)
+            if isinstance(decoded, Message):
+                messages.append(decoded)
+            else:
+                unreadable.append(decoded)
+        return Fetched(tuple(messages), tuple(unreadable), now)
 
     def messages_record(self, writes: Sequence[SlotWrite]) -> FlushOutcome:
         """Write outcomes and in-flight marks, fenced per slot, in one transaction.
@@ -613,22 +689,13 @@ class MessageStatements(StoreBase):
         lost: set[int] = set()
         remaining: dict[int, float] = {}
         held: list[Disposition] = []
-        for write in sorted(writes, key=lambda w: w.slot):  # one lock order for the lease rows
-            if write.fence is not None:
-                row = connection.execute(
-                    _FENCE_AND_MARKS[self.dialect],
-                    {
-                        "name": write.fence.name,
-                        "holder": write.fence.holder,
-                        "fence": write.fence.fence,
-                        "marks": write.marks,
-                    },
-                ).first()
-                if row is None:
-                    lost.add(write.slot)
-                    continue
-                remaining[write.slot] = float(row.remaining)
-            held += write.dispositions
+        fenced = sorted((w for w in writes if w.fence is not None), key=lambda w: w.slot)  # one lock order
+        if fenced:
+            remaining = self._fence_and_mark(connection, fenced)
+            lost = {w.slot for w in fenced if w.slot not in remaining}
+        for write in writes:
+            if write.slot not in lost:
+                held += write.dispositions
         if not held:
             return FlushOutcome(frozenset(lost), remaining)
         ids = [d.message_id for d in held]
@@ -647,6 +714,43 @@ class MessageStatements(StoreBase):
             frozenset(present),
             failed,
         )
+
+    def leases_mark(self, writes: Sequence[SlotWrite]) -> FlushOutcome:
+        """Write in-flight marks alone (no outcomes), fenced: on PostgreSQL one statement in a transaction of
+        its own, committed without waiting for the disk (a mark lost in a database crash costs the count of one
+        redelivery at most; later commits are durable in order)."""
+        fenced = sorted((w for w in writes if w.fence is not None), key=lambda w: w.slot)
+        if not fenced:
+            return FlushOutcome()
+        if self.dialect != "postgresql":
+            return self.messages_record(fenced)
+        slot_of = {w.fence.name: w.slot for w in fenced if w.fence is not None}
+        params = _marks_params(fenced)
+        try:
+            with self._autocommit.connect() as connection:
+                rows = connection.execute(_MARKS_ONLY, params).all()
+        except DBAPIError as error:
+            raise (translate(error) or error) from error
+        remaining = {slot_of[row.name]: float(row.remaining) for row in rows}
+        return FlushOutcome(frozenset(w.slot for w in fenced if w.slot not in remaining), remaining)
+
+    def _fence_and_mark(self, connection: Connection, writes: Sequence[SlotWrite]) -> dict[int, float]:
+        """Lock the lease rows still held under these terms and set their marks; seconds left per slot."""
+        slot_of = {w.fence.name: w.slot for w in writes if w.fence is not None}
+        if self.dialect == "postgresql":
+            rows = connection.execute(_FENCE_AND_MARKS_MANY, _marks_params(writes)).all()
+            return {slot_of[row.name]: float(row.remaining) for row in rows}
+        remaining: dict[int, float] = {}
+        for write in writes:
+            assert write.fence is not None
+            params = {
+                "name": write.fence.name, "holder": write.fence.holder, "fence": write.fence.fence,
+                "marks": write.marks, "version": write.version,
+            }
+            row = connection.execute(_FENCE_AND_MARKS[self.dialect], params).first()
+            if row is not None:
+                remaining[write.slot] = float(row.remaining)
+        return remaining
 
     def _record_together(self, connection: Connection, held: Sequence[Disposition]) -> set[int]:
         updates = [d for d in held if d.kind is not Kind.DELETE]
@@ -944,6 +1048,17 @@ class MessageStatements(StoreBase):
             wake = ",".join(str(slot) for slot in sorted(set(slots)))
             connection.execute(_NOTIFY, {"channel": NOTIFY_CHANNEL, "slots": wake})
         return len(slots)
+
+
+def _marks_params(writes: Sequence[SlotWrite]) -> dict[str, list[Any]]:
+    fences = [w.fence for w in writes if w.fence is not None]
+    return {
+        "names": [fence.name for fence in fences],
+        "holders": [fence.holder for fence in fences],
+        "fences": [fence.fence for fence in fences],
+        "marks": [w.marks for w in writes if w.fence is not None],
+        "versions": [w.version for w in writes if w.fence is not None],
+    }
 
 
 def _pause(row: Any) -> Pause:

@@ -1,16 +1,21 @@
 """The committer: writes the outcomes of correlator calls and the in-flight marks, in group commits.
 
-Lanes hand it two things. *Outcomes* of calls (a disposition per message): the lane moves on at once and the
-committer writes them within a few milliseconds, many lanes' together, in one transaction per flush, fenced
-by the slots' leases. *Marks*: before a lane calls messages it asks for them to be marked on its slot's lease
-row (``in_flight``) and waits until that is committed, so that whoever takes the slot over after this replica
-died knows which calls were under way (DESIGN.md §3 "Poison messages", §4 invariant 2). A mark request rides
-in the same flush as the outcomes queued before it, so a lane's previous outcome and its next mark are
-committed together::
+*Outcomes* of calls (a disposition per message, a run's worth at a time): the lane hands them over and moves
+on at once; the committer writes them within a few milliseconds, many lanes' together, in one durable
+transaction per flush, fenced by the slots' leases.
 
-    lane:   call m1 ─ outcome(m1) ┐                  ┌─ call m2 ─ outcome(m2) ┐
-                      mark(m2) ───┤  wait            │                         ...
-    committer:                    └─ flush: fence, outcome m1, marks {m2} ─ ack ┘
+*Marks*: before a lane calls messages, they are marked on its slot's lease row (``in_flight``), so that
+whoever takes the slot over after this replica died knows which calls were under way (DESIGN.md §3 "Poison
+messages", §4 invariant 2). Lanes wait for their marks; the *marker* writes the marks of many lanes in one
+fenced statement committed without waiting for the disk, on a thread and connection of its own, so that no
+lane waits behind a durable flush of outcomes. The marks of a slot are kept here, in memory, and every write
+of them (the marker's, or the recorder's flush removing the calls whose outcomes it records) carries the
+whole current state with a version: the database keeps the newest, so writes racing each other never lose a
+mark::
+
+    lane:      mark {m1} ── call m1 ── outcome(m1) ─► mark {m1?, m2} ── call m2 ...
+    marker:    write v5 ┘                           write v7 (without m1 if v6 ran first) ┘
+    recorder:                          flush v6: fence, outcome m1, marks without m1
 
 Outcomes are written without waiting on rows other sessions hold: such a row's outcome is *deferred* and
 written at a later flush, so one locked row delays one hint. A value the database refuses makes that one
@@ -36,44 +41,39 @@ from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
-GROUP_WINDOW = 0.002  # seconds outcomes may wait for company before they are flushed
+GROUP_WINDOW = 0.01  # seconds outcomes may wait for company before they are flushed
 MARKS_WINDOW = 0.05  # seconds a withdrawn mark (a call that will not be made) may wait to be written
 MAX_GROUP = 5000  # outcomes in one flush
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0  # backoff after a failed flush (seconds)
 DEFERRED_FIRST, DEFERRED_MAX = 0.1, 5.0  # how soon a deferred outcome (row locked elsewhere) is tried again
 
+# How an outcome ended: written; gone (its row was deleted meanwhile); failed (the database refused it, the
+# message was made dead if it could be); fenced (the slot's lease was lost: the new holder decides).
+Recorded = Callable[[Sequence[tuple[Message, str]]], None]
+
 
 @dataclass(eq=False)
-class Ticket:
-    """A mark request: the lane waits on it; it tells the seconds left of the lease, or None if refused."""
+class _MarkRequest:
+    """A lane waiting for its calls' mark: the seconds left of the lease once written, None if refused."""
 
     slot: int
-    fence: Fence | None
-    ids: tuple[int, ...]
-    token: int
+    ids: Sequence[int]
     done: threading.Event = field(default_factory=threading.Event)
     remaining: float | None = None
 
-    def wait(self, timeout: float | None = None) -> float | None:
-        """Block until the mark is committed (seconds left of the lease) or refused (None)."""
-        self.done.wait(timeout)
-        return self.remaining if self.done.is_set() else None
-
-    def resolve(self, remaining: float | None) -> None:
-        """Answer the lane."""
+    def answer(self, remaining: float | None) -> None:
         self.remaining = remaining
         self.done.set()
 
 
 @dataclass(eq=False)
-class Outcome:
-    """A call's disposition waiting to be written; ``on_recorded`` runs once it is (or cannot be)."""
+class Outcomes:
+    """A run's outcomes waiting to be written; ``on_recorded`` hears how each ended, once."""
 
     slot: int
     fence: Fence | None
-    message: Message
-    disposition: Disposition
-    on_recorded: Callable[[Outcome, str], None]  # (outcome, how: written|gone|failed|fenced)
+    items: list[tuple[Message, Disposition]]
+    on_recorded: Recorded
     queued_at: float = 0.0
     retry_at: float = 0.0
     delay: float = DEFERRED_FIRST
@@ -83,17 +83,30 @@ class Outcome:
 class _SlotMarks:
     fence: Fence | None
     runs: dict[int, list[int]] = field(default_factory=dict)  # token → ids not yet recorded, in call order
+    token_of: dict[int, int] = field(default_factory=dict)  # message id → its run's token
     abandoned: list[int] = field(default_factory=list)
+    leaving: set[int] = field(default_factory=set)  # ids whose outcomes a flush is writing now
+    version: int = 0  # of the last state handed out for writing
 
-    def in_flight(self) -> InFlight:
-        return InFlight(tuple(tuple(ids) for ids in self.runs.values() if ids), tuple(self.abandoned))
+    def add(self, token: int, ids: Sequence[int]) -> None:
+        self.runs[token] = list(ids)
+        for message_id in ids:
+            self.token_of[message_id] = token
+
+    def state(self) -> tuple[str | None, int]:
+        """The marks to write (without the calls being recorded) and their new version."""
+        gone = self.leaving
+        runs = tuple(tuple(i for i in ids if i not in gone) for ids in self.runs.values())
+        self.version += 1
+        return InFlight(runs, tuple(i for i in self.abandoned if i not in gone)).to_json(), self.version
 
     def forget(self, message_id: int) -> None:
-        for token, ids in list(self.runs.items()):
-            if message_id in ids:
-                ids.remove(message_id)
-                if not ids:
-                    del self.runs[token]
+        token = self.token_of.pop(message_id, None)
+        if token is not None:
+            ids = self.runs[token]
+            ids.remove(message_id)
+            if not ids:
+                del self.runs[token]
         if message_id in self.abandoned:
             self.abandoned.remove(message_id)
 
@@ -104,20 +117,18 @@ class Committer:
     def __init__(
         self,
         store: Store,
-        holder: str,
         metrics: Metrics,
         on_lease_lost: Callable[[int], None] = lambda slot: None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        self.holder = holder
         self.metrics = metrics
         self._on_lease_lost = on_lease_lost
         self._monotonic = monotonic
         self._cond = threading.Condition()
-        self._outcomes: list[Outcome] = []
-        self._deferred: list[Outcome] = []
-        self._tickets: list[Ticket] = []
+        self._queued: list[Outcomes] = []
+        self._deferred: list[Outcomes] = []
+        self._requests: list[_MarkRequest] = []
         self._marks: dict[int, _SlotMarks] = {}
         self._dirty: set[int] = set()  # slots whose marks changed since the last flush
         self._dirty_since = 0.0
@@ -126,25 +137,63 @@ class Committer:
         self._flushing = False
         self._backoff = RETRY_FIRST
         self.flushes = 0
+        self.written = 0  # outcomes written (or found gone), for benchmarks and tests waiting on a drain
 
     # -- what lanes call -----------------------------------------------------------------------------------
 
-    def mark(self, slot: int, fence: Fence | None, ids: Sequence[int]) -> Ticket:
-        """Ask for these calls to be marked in flight before they start; wait on the ticket."""
-        ticket = Ticket(slot, fence, tuple(ids), next(self._tokens))
+    def mark(self, slot: int, fence: Fence | None, ids: Sequence[int]) -> float | None:
+        """Mark these calls in flight on the slot's lease row before they start; blocks until written.
+
+        Returns the seconds left of the lease, or None when the calls must not start: the lease is gone, the
+        replica stops, or the database cannot be written now (the hint is left for later).
+        """
         if fence is None:  # no lease, nothing to tell a successor: the calls may start at once
-            ticket.resolve(float("inf"))
-            return ticket
+            return float("inf")
+        request = _MarkRequest(slot, ids)
         with self._cond:
             if self._stopping:
-                ticket.resolve(None)
-                return ticket
-            marks = self._slot(slot, fence)
-            marks.runs[ticket.token] = list(ids)
-            self._dirty.add(slot)
-            self._tickets.append(ticket)
+                return None
+            self._slot(slot, fence).add(next(self._tokens), ids)
+            self._requests.append(request)
             self._cond.notify_all()
-        return ticket
+        request.done.wait()
+        if request.remaining is None:
+            self.unmark(slot, ids)
+        return request.remaining
+
+    def run_marks(self) -> None:
+        """Write the marks lanes wait for, many at once, until stopped (run it on a thread of its own).
+
+        A write is one fenced statement committed without waiting for the disk, on a connection of its own,
+        so that lanes never wait behind a durable flush of outcomes.
+        """
+        while True:
+            with self._cond:
+                while not self._requests and not self._stopping:
+                    self._cond.wait(1.0)
+                requests, self._requests = self._requests, []
+                if self._stopping:
+                    for request in requests:
+                        request.answer(None)
+                    return
+                writes = []
+                for slot in sorted({request.slot for request in requests}):
+                    marks = self._marks.get(slot)
+                    if marks is not None:
+                        text, version = marks.state()
+                        writes.append(SlotWrite(slot, marks.fence, (), text, version))
+            try:
+                result = self.store.leases_mark(writes)
+            except Exception as error:  # the calls are not made: their hints are left for later
+                self.metrics.database_errors.inc()
+                logger.warning("marking calls in flight failed; their hints are left for later: %s", error)
+                for request in requests:
+                    request.answer(None)
+                continue
+            for slot in sorted(result.lost):
+                self._lease_lost(slot)
+            for request in requests:
+                request.answer(None if request.slot in result.lost else result.remaining.get(request.slot))
 
     def unmark(self, slot: int, ids: Sequence[int]) -> None:
         """These marked calls will not be made after all (the batch stopped early)."""
@@ -170,11 +219,11 @@ class Committer:
             self._touch(slot)
             self._cond.notify_all()
 
-    def record(self, outcome: Outcome) -> None:
-        """Queue a call's outcome; it is written within a few milliseconds."""
-        outcome.queued_at = self._monotonic()
+    def record(self, outcomes: Outcomes) -> None:
+        """Queue a run's outcomes; they are written within a few milliseconds."""
+        outcomes.queued_at = self._monotonic()
         with self._cond:
-            self._outcomes.append(outcome)
+            self._queued.append(outcomes)
             self._cond.notify_all()
 
     def forget_slot(self, slot: int) -> None:
@@ -183,15 +232,10 @@ class Committer:
             self._marks.pop(slot, None)
             self._dirty.discard(slot)
 
-    def pending(self) -> int:
-        """Outcomes and marks not written yet (deferred ones included)."""
-        with self._cond:
-            return len(self._outcomes) + len(self._deferred) + len(self._tickets) + len(self._dirty)
-
     def idle(self) -> bool:
         """True when nothing waits to be written except deferred outcomes (rows locked elsewhere)."""
         with self._cond:
-            return not (self._outcomes or self._tickets or self._dirty or self._flushing)
+            return not (self._queued or self._dirty or self._flushing)
 
     def _touch(self, slot: int) -> None:
         if not self._dirty:
@@ -213,163 +257,173 @@ class Committer:
             self._cond.notify_all()
 
     def run(self) -> None:
-        """Flush until stopped and drained (outcomes still deferred at shutdown are left: their rows' holders
-        keep them, and the messages are delivered again)."""
+        """Flush until stopped and drained (outcomes still deferred at shutdown are left: their messages are
+        delivered again)."""
         while True:
             with self._cond:
                 while not self._due():
-                    if self._stopping and not (self._outcomes or self._tickets or self._dirty):
+                    if self._stopping and not (self._queued or self._dirty):
                         return
                     self._cond.wait(self._wait_time())
             self.flush_once()
 
     def _due(self) -> bool:
-        if self._tickets:
-            return True
         now = self._monotonic()
-        if self._outcomes and (self._stopping or len(self._outcomes) >= MAX_GROUP):
-            return True
-        if self._outcomes and now - self._outcomes[0].queued_at >= GROUP_WINDOW:
+        if self._queued and (self._stopping or now - self._queued[0].queued_at >= GROUP_WINDOW):
             return True
         if self._dirty and (self._stopping or now - self._dirty_since >= MARKS_WINDOW):
             return True
-        return any(outcome.retry_at <= now for outcome in self._deferred)
+        return not self._stopping and any(outcomes.retry_at <= now for outcomes in self._deferred)
 
     def _wait_time(self) -> float:
         now = self._monotonic()
         times = [1.0]
-        if self._outcomes:
-            times.append(self._outcomes[0].queued_at + GROUP_WINDOW - now)
+        if self._queued:
+            times.append(self._queued[0].queued_at + GROUP_WINDOW - now)
         if self._dirty:
             times.append(self._dirty_since + MARKS_WINDOW - now)
-        times += [outcome.retry_at - now for outcome in self._deferred]
+        times += [outcomes.retry_at - now for outcomes in self._deferred]
         return max(0.0005, min(times))
 
     def flush_once(self) -> FlushOutcome | None:
-        """Write everything queued now (and deferred outcomes that are due) in one transaction."""
+        """Write everything queued (and deferred outcomes now due), with the marks it changes, durably."""
         with self._cond:
             now = self._monotonic()
-            outcomes = self._outcomes[:MAX_GROUP]
-            self._outcomes = self._outcomes[MAX_GROUP:]
-            retry = [outcome for outcome in self._deferred if outcome.retry_at <= now]
-            self._deferred = [outcome for outcome in self._deferred if outcome.retry_at > now]
-            outcomes = retry + outcomes
-            tickets, self._tickets = self._tickets, []
+            taken, self._queued = self._take_queued()
+            retry = [o for o in self._deferred if o.retry_at <= now]
+            self._deferred = [o for o in self._deferred if o.retry_at > now]
+            batches = retry + taken
             dirty, self._dirty = self._dirty, set()
             # Outcomes of an earlier term of their slot (lost, then taken again) are fenced off.
-            stale = [o for o in outcomes if o.slot in self._marks and self._marks[o.slot].fence != o.fence]
-            outcomes = [o for o in outcomes if o not in stale]
-            writes = self._writes(outcomes, tickets, dirty)
+            stale = [o for o in batches if o.slot in self._marks and self._marks[o.slot].fence != o.fence]
+            batches = [o for o in batches if o not in stale]
+            writes = self._writes(batches, dirty)
             self._flushing = True
-        for outcome in stale:
-            outcome.on_recorded(outcome, "fenced")
+        for outcomes in stale:
+            outcomes.on_recorded([(message, "fenced") for message, _ in outcomes.items])
         try:
             result = self.store.messages_record(writes)
         except (DatabaseUnavailable, DatabaseBusy) as error:
-            self._failed(error, outcomes, tickets, dirty)
+            self._failed(error, batches, dirty)
             return None
         except Exception:
             logger.exception("recording outcomes failed; trying again")
-            self._failed(None, outcomes, tickets, dirty)
+            self._failed(None, batches, dirty)
             return None
         finally:
             with self._cond:
                 self._flushing = False
         self._backoff = RETRY_FIRST
         self.flushes += 1
-        self._settle(result, outcomes, tickets)
+        self._settle(result, batches)
         return result
 
-    def _writes(self, outcomes: list[Outcome], tickets: list[Ticket], dirty: set[int]) -> list[SlotWrite]:
-        """What each touched slot gets: its outcomes, and its marks as they are once those are written."""
-        recorded = {(o.slot, o.message.id) for o in outcomes}
+    def _take_queued(self) -> tuple[list[Outcomes], list[Outcomes]]:
+        count, taken = 0, 0
+        for outcomes in self._queued:
+            if count and count + len(outcomes.items) > MAX_GROUP:
+                break
+            count += len(outcomes.items)
+            taken += 1
+        return self._queued[:taken], self._queued[taken:]
+
+    def _writes(self, batches: list[Outcomes], dirty: set[int]) -> list[SlotWrite]:
+        """Under the lock: what each touched slot gets, its outcomes and its marks without the calls they
+        record (those are *leaving* until the flush ends, so that lanes' marks meanwhile leave them out too)."""
+        by_slot: dict[int, list[Disposition]] = {}
+        leaving: dict[int, set[int]] = {}
+        fences: dict[int, Fence | None] = {}
+        for outcomes in batches:
+            by_slot.setdefault(outcomes.slot, []).extend(disposition for _, disposition in outcomes.items)
+            leaving.setdefault(outcomes.slot, set()).update(message.id for message, _ in outcomes.items)
+            fences.setdefault(outcomes.slot, outcomes.fence)
         writes = []
-        for slot in sorted({o.slot for o in outcomes} | {t.slot for t in tickets} | dirty):
+        for slot in sorted(set(by_slot) | dirty):
             marks = self._marks.get(slot)
             if marks is None:
-                fence = _fence_of(slot, outcomes, tickets)
-                in_flight = InFlight()
-            else:
-                fence = marks.fence
-                current = marks.in_flight()
-                in_flight = InFlight(
-                    tuple(tuple(i for i in run if (slot, i) not in recorded) for run in current.runs),
-                    tuple(i for i in current.abandoned if (slot, i) not in recorded),
-                )
-            dispositions = tuple(o.disposition for o in outcomes if o.slot == slot)
-            writes.append(SlotWrite(slot, fence, dispositions, in_flight.to_json()))
+                writes.append(SlotWrite(slot, fences.get(slot), tuple(by_slot.get(slot, ()))))
+                continue
+            marks.leaving |= leaving.get(slot, set())
+            text, version = marks.state()
+            writes.append(SlotWrite(slot, marks.fence, tuple(by_slot.get(slot, ())), text, version))
         return writes
 
-    def _failed(
-        self, error: Exception | None, outcomes: list[Outcome], tickets: list[Ticket], dirty: set[int]
-    ) -> None:
+    def _failed(self, error: Exception | None, batches: list[Outcomes], dirty: set[int]) -> None:
         self.metrics.database_errors.inc()
         self.metrics.record_failures.inc()
         if error is not None:
             logger.warning("recording outcomes failed, trying again in %.2fs: %s", self._backoff, error)
         with self._cond:
-            self._outcomes = outcomes + self._outcomes
-            self._tickets = tickets + self._tickets
+            self._queued = batches + self._queued
+            for outcomes in batches:  # not recorded after all: back in the marks a lane writes next
+                marks = self._marks.get(outcomes.slot)
+                if marks is not None:
+                    marks.leaving.difference_update(message.id for message, _ in outcomes.items)
+                self._touch(outcomes.slot)
             self._dirty |= dirty
             delay = self._backoff
             self._backoff = min(RETRY_MAX, self._backoff * 2)
             self._cond.wait(delay)
 
-    def _settle(self, result: FlushOutcome, outcomes: list[Outcome], tickets: list[Ticket]) -> None:
+    def _settle(self, result: FlushOutcome, batches: list[Outcomes]) -> None:
         now = self._monotonic()
         with self._cond:
-            for outcome in outcomes:
-                if outcome.slot in result.lost:
-                    continue
-                marks = self._marks.get(outcome.slot)
-                if outcome.message.id in result.deferred:
-                    self._touch(outcome.slot)  # its mark was written as gone: put it back at the next flush
-                    continue
-                if marks is not None:
-                    marks.forget(outcome.message.id)
             for slot in result.lost:
                 self._marks.pop(slot, None)
                 self._dirty.discard(slot)
+            for outcomes in batches:
+                marks = self._marks.get(outcomes.slot)
+                if outcomes.slot in result.lost or marks is None:
+                    continue
+                for message, _ in outcomes.items:
+                    marks.leaving.discard(message.id)
+                    if message.id in result.deferred:
+                        self._touch(outcomes.slot)  # written as gone from the marks: put it back next flush
+                    else:
+                        marks.forget(message.id)
         for slot in sorted(result.lost):
             self.metrics.fenced_commits.inc()
-            logger.warning("slot %s: lease lost; its outcomes were not written (its new holder decides)", slot)
+            logger.warning(
+                "slot %s: lease lost; its outcomes were not written (its new holder decides)", slot,
+                extra={"slot": slot},
+            )
             self._on_lease_lost(slot)
-        deferred: list[Outcome] = []
-        for outcome in outcomes:
-            message_id = outcome.message.id
-            if outcome.slot in result.lost:
-                outcome.on_recorded(outcome, "fenced")
-            elif message_id in result.deferred:
-                outcome.retry_at = now + outcome.delay
-                outcome.delay = min(DEFERRED_MAX, outcome.delay * 2)
-                deferred.append(outcome)
-            elif message_id in result.failed:
-                self.metrics.unrecordable.inc()
-                logger.error(
-                    "the outcome of message %s could not be recorded (%s); it was made dead if possible",
-                    message_id, result.failed[message_id],
-                )
-                outcome.on_recorded(outcome, "failed")
-            elif message_id in result.gone:
-                outcome.on_recorded(outcome, "gone")
-            else:
-                outcome.on_recorded(outcome, "written")
+        self._settle_outcomes(result, batches, now)
+
+    def _lease_lost(self, slot: int) -> None:
+        with self._cond:
+            self._marks.pop(slot, None)
+            self._dirty.discard(slot)
+        self._on_lease_lost(slot)
+
+    def _settle_outcomes(self, result: FlushOutcome, batches: list[Outcomes], now: float) -> None:
+        deferred: list[Outcomes] = []
+        for outcomes in batches:
+            ended: list[tuple[Message, str]] = []
+            waiting: list[tuple[Message, Disposition]] = []
+            for message, disposition in outcomes.items:
+                if outcomes.slot in result.lost:
+                    ended.append((message, "fenced"))
+                elif message.id in result.deferred:
+                    waiting.append((message, disposition))
+                elif message.id in result.failed:
+                    self.metrics.unrecordable.inc()
+                    logger.error(
+                        "the outcome of message %s could not be recorded (%s); it was made dead if it could be",
+                        message.id, result.failed[message.id], extra={"id": message.id, "hint": message.hint},
+                    )
+                    ended.append((message, "failed"))
+                else:
+                    ended.append((message, "gone" if message.id in result.gone else "written"))
+            if waiting:
+                later = Outcomes(outcomes.slot, outcomes.fence, waiting, outcomes.on_recorded)
+                later.retry_at = now + outcomes.delay
+                later.delay = min(DEFERRED_MAX, outcomes.delay * 2)
+                deferred.append(later)
+            if ended:
+                self.written += sum(1 for _, how in ended if how in ("written", "gone"))
+                outcomes.on_recorded(ended)
         if deferred:
-            self.metrics.deferred_outcomes.inc(len(deferred))
+            self.metrics.deferred_outcomes.inc(sum(len(o.items) for o in deferred))
             with self._cond:
                 self._deferred += deferred
-        for ticket in tickets:
-            if ticket.slot in result.lost:
-                ticket.resolve(None)
-            else:
-                ticket.resolve(result.remaining.get(ticket.slot, float("inf")))
-
-
-def _fence_of(slot: int, outcomes: Sequence[Outcome], tickets: Sequence[Ticket]) -> Fence | None:
-    for ticket in tickets:
-        if ticket.slot == slot:
-            return ticket.fence
-    for outcome in outcomes:
-        if outcome.slot == slot:
-            return outcome.fence
-    return None

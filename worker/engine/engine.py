@@ -39,7 +39,7 @@ from typing import Protocol
 from worker.config import Settings
 from worker.correlators import Router
 from worker.db.base import DatabaseBusy, DatabaseUnavailable, Fence, LeaseLost
-from worker.db.messages import Candidates, LostCall, Pause, Unreadable
+from worker.db.messages import Candidates, HorizonReading, LostCall, Pause, Unreadable
 from worker.db.store import Store
 from worker.engine.committer import Committer
 from worker.engine.lanes import DatabaseClock, HintWork, Lanes
@@ -51,6 +51,7 @@ from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
+FETCHERS = 2  # threads fetching slots (one slot by one fetcher at a time): database round trips overlap
 HORIZON_REUSE = 0.002  # seconds a horizon reading serves later fetches (it stays valid, only conservative)
 HELD_RETRY = 0.05  # seconds before a slot held back by the horizon is fetched again
 PAUSES_REUSE = 1.0  # seconds the list of durable pauses is reused
@@ -123,6 +124,7 @@ class _Slot:
     cursor: str = ""  # round robin over the slot's hints: the last hint taken
     delay: float = ERROR_FIRST
     last_progress: float = 0.0  # monotonic: last fetch that found the slot drained or took work from it
+    fetching: bool = False  # a fetcher is on it
 
 
 class Engine:
@@ -147,7 +149,7 @@ class Engine:
         self._monotonic = monotonic
         self._tick = tick  # liveness: the fetch loop calls it at least every second
         self.clock = DatabaseClock(monotonic)
-        self.committer = Committer(store, holder, self.metrics, self._lease_lost, monotonic)
+        self.committer = Committer(store, self.metrics, self._lease_lost, monotonic)
         self.lanes = Lanes(
             router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
             on_taken=self._room, monotonic=monotonic,
@@ -158,6 +160,7 @@ class Engine:
         self._resting: dict[str, float] = {}
         self._tally: Counter[str] = Counter()
         self._pins = PinClock()
+        self._horizon_lock = threading.Lock()  # the pin clock and the last reading, shared by the fetchers
         self._horizon: tuple[float, Horizon] | None = None
         self._pauses: tuple[float, list[Pause]] | None = None
         self._stopping = threading.Event()
@@ -173,16 +176,18 @@ class Engine:
     def start(self) -> None:
         """Run the committer, the lanes and the fetch loop on threads of their own."""
         self._start_parts()
-        fetcher = threading.Thread(target=self._fetch_forever, name="fetcher", daemon=True)
-        self._threads.append(fetcher)
-        fetcher.start()
+        for number in range(FETCHERS):
+            fetcher = threading.Thread(target=self._fetch_forever, name=f"fetcher-{number + 1}", daemon=True)
+            self._threads.append(fetcher)
+            fetcher.start()
 
     def _start_parts(self) -> None:
         if any(thread.name == "committer" for thread in self._threads):
             return
-        committer = threading.Thread(target=self.committer.run, name="committer", daemon=True)
-        self._threads.append(committer)
-        committer.start()
+        for name, target in (("committer", self.committer.run), ("marker", self.committer.run_marks)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
         self.lanes.start()
 
     def stop(self, grace: float) -> None:
@@ -280,18 +285,26 @@ class Engine:
                 self._sync_slots()
                 state = self._next_slot()
                 if state is not None:
-                    self._fetch(state)
+                    try:
+                        self._fetch(state)
+                    finally:
+                        with self._cond:
+                            state.fetching = False
+                            self._cond.notify_all()
             except Exception:  # a bug must not stop correlation; the loop goes on
                 logger.exception("the fetch loop failed; going on")
                 self._stopping.wait(1.0)
 
     def _next_slot(self) -> _Slot | None:
-        """The slot wanted soonest once it is due and the rotation has room; None after waiting a while."""
+        """The slot wanted soonest once it is due and the rotation has room (taken by this fetcher: no other
+        fetches it meanwhile); None after waiting a while."""
         with self._cond:
             now = self._monotonic()
             if self.lanes.waiting() < self.high_water and not self.lanes.exhausted():
-                due = min(self._slots.values(), key=lambda s: s.wanted_at, default=None)
+                idle = (state for state in self._slots.values() if not state.fetching)
+                due = min(idle, key=lambda s: s.wanted_at, default=None)
                 if due is not None and due.wanted_at <= now:
+                    due.fetching = True
                     return due
                 wait = 1.0 if due is None else min(1.0, due.wanted_at - now)
             else:
@@ -397,37 +410,43 @@ class Engine:
         paused_hints = {pause.target for pause in pauses if pause.scope == "hint"}
         paused_names = {pause.target: pause.id for pause in pauses if pause.scope == "name"}
         budget = max(1, self.high_water - self.lanes.waiting())
-        candidates = self.store.messages_candidates(state.slot, state.cursor, budget)
+        chosen: list[str] = []
+        reading: list[Horizon] = []
+
+        def choose(candidates: Candidates) -> list[str]:
+            with self._cond:
+                self._prune_rests(now)
+                chosen.extend(
+                    hint
+                    for hint in dict.fromkeys(candidates.due + candidates.fresh)
+                    if hint not in self._busy and hint not in self._resting and hint not in paused_hints
+                )
+            return chosen
+
+        def horizon_id(read: Callable[[], HorizonReading | None]) -> int:
+            result = self._horizon_now(now, read)
+            if result is None:
+                return 2**62
+            reading.append(result)
+            return result.id
+
+        candidates, batches = self.store.messages_fetch_slot(
+            state.slot, state.cursor, budget, choose=choose, horizon=horizon_id, per_hint=self.per_hint,
+            limit=self.page_size, mode=self.settings.policy.mode,
+        )
         self.clock.observe(candidates.now)
+        if batches.unreadable:
+            self._dead_letter(batches.unreadable)
+        fetched = len(batches.messages)
+        works = self._works(state, batches.messages, paused_names, fetched >= self.page_size)
+        got = {work.hint for work in works}
+        held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
             state.cursor = candidates.fresh[-1] if candidates.fresh else ""
-            self._prune_rests(now)
-            hints = [
-                hint
-                for hint in dict.fromkeys(candidates.due + candidates.fresh)
-                if hint not in self._busy and hint not in self._resting and hint not in paused_hints
-            ]
-        works: list[HintWork] = []
-        fetched = 0
-        reading = self._horizon_now(now) if hints else None
-        if hints:
-            limit = reading.id if reading is not None else 2**62
-            batches = self.store.messages_fetch_batches(
-                hints, horizon=limit, per_hint=self.per_hint, limit=self.page_size, mode=self.settings.policy.mode
-            )
-            self.clock.observe(batches.now)
-            if batches.unreadable:
-                self._dead_letter(batches.unreadable)
-            fetched = len(batches.messages)
-            full = fetched >= self.page_size
-            works = self._works(state, batches.messages, paused_names, full)
-        got = {work.hint for work in works}
-        with self._cond:
             for work in works:
                 self._busy[work.hint] = work
             self._tally["_fetched"] += fetched
             more = len(candidates.fresh) >= budget or any(work.cut for work in works)
-            held = reading is not None and reading.held and len(got) < len(hints)
             if more:
                 state.wanted_at = now
             elif held:
@@ -471,12 +490,16 @@ class Engine:
         for hint in [hint for hint, until in self._resting.items() if until <= now]:
             del self._resting[hint]
 
-    def _horizon_now(self, now: float) -> Horizon | None:
+    def _horizon_now(self, now: float, read: Callable[[], HorizonReading | None]) -> Horizon | None:
         """The commit-order horizon, read again unless a very recent reading can serve (it stays valid)."""
+        with self._horizon_lock:
+            return self._horizon_reading(now, read)
+
+    def _horizon_reading(self, now: float, read: Callable[[], HorizonReading | None]) -> Horizon | None:
         cached = self._horizon
         if cached is not None and now - cached[0] < HORIZON_REUSE:
             return cached[1]
-        reading = self.store.order_horizon()
+        reading = read()
         if reading is None:
             return None
         pins = [Pin(after, holder) for after, holder in reading.pins]

@@ -32,7 +32,7 @@ from typing import Protocol
 from worker.config import Mode, Policy, Settings
 from worker.correlators import Router
 from worker.db.base import Fence
-from worker.engine.committer import Committer, Outcome
+from worker.engine.committer import Committer, Outcomes
 from worker.message import Message
 from worker.policy.batching import run_length
 from worker.policy.outcomes import (
@@ -108,9 +108,15 @@ class _Lane:
     work: HintWork | None = None
     current: Message | None = None
     deadline: float = float("inf")
-    unstarted: list[int] = field(default_factory=list)  # marked calls of the run not made yet
+    run: list[Message] = field(default_factory=list)  # the run being made
+    index: int = 0  # the position in the run of the call being made
+    done: list[tuple[Message, Disposition]] = field(default_factory=list)  # outcomes of the run so far
     abandoned: bool = False  # given up on (timeout or shutdown): its thread ends when the call returns
     timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
+
+    def unstarted(self) -> list[int]:
+        """The marked calls of the run after the current one."""
+        return [message.id for message in self.run[self.index + 1 :]]
 
 
 class Lanes:
@@ -197,7 +203,9 @@ class Lanes:
                     lane.abandoned = True
                     message = lane.current
                     self.committer.abandon(message.slot, message.id)
-                    self.committer.unmark(message.slot, lane.unstarted)
+                    self.committer.unmark(message.slot, lane.unstarted())
+                    if lane.work is not None:
+                        self._hand_over_locked(lane, lane.work)
                     self.metrics.messages.labels(message.name, "abandoned").inc()
                     logger.warning(
                         "shutdown: gave up on the call of message %s (%s), still running; it will be delivered "
@@ -286,7 +294,7 @@ class Lanes:
             with self._cond:
                 work.running = False
                 lane.work = None
-                lane.unstarted = []
+                lane.run = []
                 if lane.timed_out:  # the watchdog gave up on this thread's call: it has returned now
                     self._hung -= 1
                     self.metrics.hung_calls.set(self._hung)
@@ -335,63 +343,100 @@ class Lanes:
             self._give_back(work, "its slot's lease may end before the call could")
             return
         asked = self._monotonic()
-        ticket = self.committer.mark(work.slot, work.fence, [m.id for m in run])
-        if ticket.wait() is None:  # the lease is gone (or the replica stops): the next holder calls them
+        if self.committer.mark(work.slot, work.fence, [m.id for m in run]) is None:  # lease gone, or stopping
             self._give_back(work, "its slot's lease is gone")
             return
         self._mark_seconds += 0.2 * ((self._monotonic() - asked) - self._mark_seconds)
         if not work.started:
             work.started = self._monotonic()
-        for index, message in enumerate(run):
-            rest = [m.id for m in run[index + 1 :]]
-            if self._stopping:
-                self.committer.unmark(work.slot, [message.id, *rest])
-                work.pending.clear()
-                return
-            policy = self._policy(message.name)
-            timeout = policy.handler_timeout.total_seconds()
-            if message.is_expired(self.clock.now()):
-                self.committer.unmark(work.slot, [message.id])
-                continue
-            if index and self.leases.safe_for(work.slot) <= timeout:
-                self.committer.unmark(work.slot, [message.id, *rest])
-                self._give_back(work, "its slot's lease may end before the call could")
-                return
-            with self._cond:
-                lane.current, lane.unstarted = message, rest
-                lane.deadline = self._monotonic() + timeout
-            if message.redelivered:
-                self.metrics.redeliveries.inc()
-                logger.info(
-                    "delivering message %s again (%d earlier call(s) not recorded)", message.id,
-                    message.lost_calls, extra=_fields(message),
-                )
-            started = self._monotonic()
-            error = self._call(message)
-            elapsed = self._monotonic() - started
-            with self._cond:
-                if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
+        try:
+            self._calls(lane, work, run)
+        finally:
+            self._hand_over(lane, work)
+
+    def _calls(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
+        """Make a run's calls in order; their outcomes collect on the lane until the run ends."""
+        lane.run = run
+        # The lease stays safe at least this long (renewals only lengthen it; a loss fences the outcomes off).
+        safe_until = self._monotonic() + self.leases.safe_for(work.slot)
+        durations: list[float] = []
+        try:
+            for index, message in enumerate(run):
+                lane.index = index
+                if self._stopping:
+                    self.committer.unmark(work.slot, [m.id for m in run[index:]])
+                    work.pending.clear()
                     return
-                lane.current = None
-            work.called += 1
-            self._observe(message.name, elapsed)
-            disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
-            self._record(work, message, disposition, error)
-            if disposition.kind is not Kind.DELETE and self.mode is Mode.FAIL_FIRST:
-                self.committer.unmark(work.slot, rest)
-                work.pending.clear()
-                work.stopped = True
-                return
+                policy = self._policy(message.name)
+                timeout = policy.handler_timeout.total_seconds()
+                if message.expires_at is not None and message.is_expired(self.clock.now()):
+                    self.committer.unmark(work.slot, [message.id])  # never correlated; cleanup removes it
+                    continue
+                started = self._monotonic()
+                if index and safe_until - started <= timeout:
+                    self.committer.unmark(work.slot, [m.id for m in run[index:]])
+                    self._give_back(work, "its slot's lease may end before the call could")
+                    return
+                lane.deadline = started + timeout  # before current: the watchdog reads current first
+                lane.current = message
+                if message.redelivered:
+                    self.metrics.redeliveries.inc()
+                    logger.info(
+                        "delivering message %s again (%d earlier call(s) not recorded)", message.id,
+                        message.lost_calls, extra=_fields(message),
+                    )
+                error = self._call(message)
+                elapsed = self._monotonic() - started
+                disposition = (
+                    Disposition(message.id, Kind.DELETE, message.attempt)
+                    if error is None
+                    else resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
+                )
+                with self._cond:
+                    if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
+                        return
+                    lane.current = None
+                    lane.done.append((message, disposition))
+                work.called += 1
+                durations.append(elapsed)
+                if error is not None:
+                    _log_failure(message, disposition, error)
+                    if self.mode is Mode.FAIL_FIRST:
+                        self.committer.unmark(work.slot, [m.id for m in run[index + 1 :]])
+                        work.pending.clear()
+                        work.stopped = True
+                        return
+        finally:
+            if durations:
+                self._observe(run[0].name, durations)
+
+    def _hand_over(self, lane: _Lane, work: HintWork) -> None:
+        """Give the committer the outcomes collected on the lane (once per run)."""
+        with self._cond:
+            self._hand_over_locked(lane, work)
+
+    def _hand_over_locked(self, lane: _Lane, work: HintWork) -> None:
+        done, lane.done = lane.done, []
+        if not done:
+            return
+        work.unrecorded += len(done)
+        self._tally.update(disposition.outcome for _, disposition in done)
+        counts = Counter((message.name, disposition.outcome) for message, disposition in done)
+        for (name, outcome), n in counts.items():
+            self.metrics.messages.labels(name, outcome).inc(n)
+        self.committer.record(Outcomes(work.slot, work.fence, done, lambda ended: self._recorded(work, ended)))
 
     def _give_back(self, work: HintWork, why: str) -> None:
         """Make no more calls of this hint now (the messages not called stay as they are, for later)."""
         logger.debug("hint %r left for later: %s", work.hint, why)
         work.pending.clear()
 
-    def _observe(self, name: str, seconds: float) -> None:
-        self.metrics.call_duration.labels(name).observe(seconds)
+    def _observe(self, name: str, durations: Sequence[float]) -> None:
+        """A run's call durations: into the histogram, and into the smoothed time that sizes later runs."""
+        self.metrics.call_duration.observe_many(name, durations)
+        typical = sum(durations) / len(durations)
         previous = self._call_seconds.get(name)
-        self._call_seconds[name] = seconds if previous is None else previous + 0.2 * (seconds - previous)
+        self._call_seconds[name] = typical if previous is None else previous + 0.2 * (typical - previous)
 
     def _call(self, message: Message) -> BaseException | None:
         correlator = self.router.route(message.name)
@@ -412,22 +457,9 @@ class Lanes:
         with self._cond:
             return Counter(self._tally)
 
-    def _record(
-        self, work: HintWork, message: Message, disposition: Disposition, error: BaseException | None
-    ) -> None:
+    def _recorded(self, work: HintWork, ended: Sequence[tuple[Message, str]]) -> None:
         with self._cond:
-            work.unrecorded += 1
-            self._tally[disposition.outcome] += 1
-        self.metrics.messages.labels(message.name, disposition.outcome).inc()
-        if disposition.kind is not Kind.DELETE:
-            _log_failure(message, disposition, error)
-        self.committer.record(
-            Outcome(work.slot, work.fence, message, disposition, lambda outcome, how: self._recorded(work, how))
-        )
-
-    def _recorded(self, work: HintWork, how: str) -> None:
-        with self._cond:
-            work.unrecorded -= 1
+            work.unrecorded -= len(ended)
         self.settle(work)
 
     def settle(self, work: HintWork) -> None:
@@ -466,14 +498,10 @@ class Lanes:
         policy = self._policy(message.name)
         error = HandlerTimeout(f"the correlator did not return within {policy.handler_timeout}")
         disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
-        work.unrecorded += 1
-        self._tally[disposition.outcome] += 1
-        self.metrics.messages.labels(message.name, disposition.outcome).inc()
+        lane.done.append((message, disposition))
         _log_failure(message, disposition, error)
-        self.committer.unmark(work.slot, lane.unstarted)
-        self.committer.record(
-            Outcome(work.slot, work.fence, message, disposition, lambda outcome, how: self._recorded(work, how))
-        )
+        self.committer.unmark(work.slot, lane.unstarted())
+        self._hand_over_locked(lane, work)
         self.metrics.hung_calls.set(self._hung)
         if self._hung < self.concurrency and not self._stopping:
             self._spawn()
