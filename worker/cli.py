@@ -14,10 +14,11 @@ from typing import Any, NoReturn
 import click
 
 from worker.admin import operations as admin
-from worker.config import ConfigError, Settings, load_settings, parse_duration, redact_url
+from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import MessageState
+from worker.redact import redact_url
 from worker.service.logs import configure_logging
 from worker.worker import StartupError, Worker, lease_config, replica_identity
 

@@ -23,6 +23,7 @@ from worker.engine.cleanup import Cleanup
 from worker.engine.gauges import Gauges
 from worker.engine.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
 from worker.engine.poller import Poller
+from worker.redact import redact_url
 from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import Metrics
 
@@ -163,7 +164,7 @@ class Worker:
         logger.info(
             "replica %s polling %s every %s (%d slots), routes %s",
             self.replica_id,
-            self.store.engine.url.render_as_string(hide_password=True),
+            redact_url(self.settings.database.url),
             format_duration(self.settings.poll.interval),
             self.store.slot_count,
             self.router.describe(),
