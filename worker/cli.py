@@ -16,9 +16,11 @@ import click
 from worker.admin import operations as admin
 from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
+from worker.db.schema import check_revision_known
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import MessageState
 from worker.redact import redact_url
+from worker.service.endpoint import EndpointError
 from worker.service.logs import configure_logging
 from worker.worker import StartupError, Worker, lease_config, replica_identity
 
@@ -55,8 +57,10 @@ def _with_store(action: Callable[[Store], Any]) -> Any:
     settings = _settings()
     store = Store.from_settings(settings.database)
     try:
-        if store.schema_revision() is None:
+        revision = store.schema_revision()
+        if revision is None:
             _fail("the database has no correlation-worker schema yet: run `correlation-worker migrate` first")
+        check_revision_known(revision)
         return action(store)
     except (StoreError, admin.AdminError) as error:
         _fail(str(error))
@@ -99,10 +103,8 @@ def run() -> None:
         worker = Worker(settings, replica_id=replica_id)
         worker.install_signal_handlers()
         code = worker.run()
-    except (ConfigError, StartupError, StoreError) as error:
+    except (ConfigError, StartupError, StoreError, EndpointError) as error:
         _fail(str(error))
-    except OSError as error:  # e.g. the metrics port is taken
-        _fail(f"cannot start: {error}")
     _exit_after_run(code)
 
 

@@ -17,7 +17,7 @@ from types import FrameType
 
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
-from worker.db.schema import head_revision
+from worker.db.schema import check_revision_known, head_revision
 from worker.db.store import DatabaseUnavailable, Store, StoreError
 from worker.engine.cleanup import Cleanup
 from worker.engine.gauges import Gauges
@@ -128,6 +128,7 @@ class Worker:
         head = head_revision()
         if revision == head:
             return
+        check_revision_known(revision)  # a newer release's schema: one line saying so, not advice to migrate
         if not self.settings.database.auto_migrate:
             raise StartupError(
                 f"the database schema is at revision {revision or 'none'} but this version needs {head}: "

@@ -1,8 +1,8 @@
 """The one seam to the database: every statement correlation-worker runs is in this module.
 
 Methods read noun-then-verb (``messages_fetch_eligible``, ``lock_try_acquire``) and return the project's own
-frozen values, never driver rows. Driver errors are translated here: an unreachable database becomes
-:class:`DatabaseUnavailable`, a row the schema refuses becomes :class:`MessageRejected`.
+frozen values, never driver rows. Driver errors are translated here, by :mod:`worker.db.errors`: an unreachable
+database becomes :class:`DatabaseUnavailable`, a row the schema refuses becomes :class:`MessageRejected`.
 
 Times come from the database clock: :meth:`Store.now` reads it once per page, and statements that take or
 renew a lease use the database's own ``now()``.
@@ -11,7 +11,6 @@ renew a lease use the database's own ``now()``.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,12 +36,17 @@ from sqlalchemy import update as sa_update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, Result, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.exc import InterfaceError as SAInterfaceError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement, TextClause
 from sqlalchemy.sql.expression import TextualSelect
 
 from worker.config import DatabaseSettings, Mode
+
+# The exceptions live with the translation of driver errors; re-exported for the store's callers.
+from worker.db.errors import DatabaseUnavailable as DatabaseUnavailable
+from worker.db.errors import MessageRejected as MessageRejected
+from worker.db.errors import StoreError as StoreError
+from worker.db.errors import translate
 from worker.db.schema import (
     LOCK_NAME_MAX_LENGTH,
     SLOT_COUNT,
@@ -59,22 +63,6 @@ from worker.message import Message, MessageState
 from worker.policy.outcomes import Disposition, Kind
 
 T = TypeVar("T")
-
-
-class StoreError(Exception):
-    """A database operation failed; the message says what and how to fix it."""
-
-
-class DatabaseUnavailable(StoreError):
-    """The database cannot be reached (or the connection broke); retry later."""
-
-
-class MessageRejected(StoreError):
-    """The schema refused a row; ``constraint`` names the rule it broke."""
-
-    def __init__(self, message: str, constraint: str | None = None) -> None:
-        super().__init__(message)
-        self.constraint = constraint
 
 
 class LeaseLost(StoreError):
@@ -218,9 +206,6 @@ _ELIGIBLE = {
     for by_slot in (True, False)
 }
 
-_CONSTRAINT = re.compile(r'constraint "?([a-z_]+)"?', re.IGNORECASE)
-_SQLITE_CHECK = re.compile(r"CHECK constraint failed: ([a-z_]+)", re.IGNORECASE)
-
 
 def _freeze(value: Any) -> Any:
     if isinstance(value, dict):
@@ -348,14 +333,11 @@ class Store:
         try:
             with self.engine.begin() as connection:
                 yield connection
-        except IntegrityError as error:
-            raise _rejected(error) from None
-        except (OperationalError, SAInterfaceError) as error:
-            raise DatabaseUnavailable(_describe_unavailable(error)) from error
         except DBAPIError as error:
-            if error.connection_invalidated:
-                raise DatabaseUnavailable(_describe_unavailable(error)) from error
-            raise
+            translated = translate(error)
+            if translated is None:
+                raise
+            raise translated from error
 
     def _run(self, work: Callable[[Connection], T]) -> T:
         with self._transaction() as connection:
@@ -392,8 +374,11 @@ class Store:
         """Apply every pending migration; returns (revision before, revision after)."""
         try:
             return migrate(self.engine)
-        except (OperationalError, SAInterfaceError) as error:
-            raise DatabaseUnavailable(_describe_unavailable(error)) from error
+        except DBAPIError as error:
+            translated = translate(error)
+            if translated is None:
+                raise
+            raise translated from error
 
     # -- correlation ------------------------------------------------------------------------------------
 
@@ -749,20 +734,6 @@ _DELETE_EXPIRED = _typed(
     now=UtcDateTime(),
     limit=Integer(),
 )
-
-
-def _rejected(error: IntegrityError) -> MessageRejected:
-    detail = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
-    match = _SQLITE_CHECK.search(detail) or _CONSTRAINT.search(detail)
-    constraint = match.group(1) if match else None
-    if "UNIQUE" in detail.upper() or "duplicate key" in detail:
-        constraint = constraint or "correlation_message_message_id_key"
-    return MessageRejected(f"the database refused the message: {detail}", constraint)
-
-
-def _describe_unavailable(error: DBAPIError) -> str:
-    detail = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
-    return f"database unavailable: {detail}"
 
 
 # -- lock statements ------------------------------------------------------------------------------------
