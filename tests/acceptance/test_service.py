@@ -466,7 +466,7 @@ def test_json_logs_are_one_object_per_line_with_time_level_logger_replica_and_me
 
 
 TEXT_LINE = re.compile(
-    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) acceptance-[0-9a-f]{8} [\w.]+: "
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) acceptance-[0-9a-f]{8} [\w.]+: "
 )
 
 

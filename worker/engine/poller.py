@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from worker.config import Mode, Policy, PollSettings, Settings
+from worker.config import Mode, Policy, PollSettings, Settings, format_duration
 from worker.correlators import Router
 from worker.db.store import DatabaseUnavailable, Fence, LeaseLost, Store
 from worker.message import Message
 from worker.policy.batching import Batch, CycleState, plan_batches
 from worker.policy.outcomes import Disposition, HandlerTimeout, Kind, PermanentError, resolve
+from worker.service.logs import log_fields
 from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -329,7 +330,7 @@ class Poller:
                     message = run.current
                     if timed_out and not out_of_grace:
                         timeout = self._policy(message.name).handler_timeout
-                        error = HandlerTimeout(f"the correlator did not return within {timeout}")
+                        error = HandlerTimeout(f"the correlator did not return within {format_duration(timeout)}")
                         run.calls.append(_Call(message, error, now - page_started))
                     else:  # shutting down: leave the message as it was, to be delivered again
                         given_up.append(message.id)
@@ -408,4 +409,8 @@ def _log_failure(call: _Call, disposition: Disposition) -> None:
         level,
         "%s id=%s hint=%s: %s (attempt %d, next %s): %s",
         message.name, message.id, message.hint, disposition.outcome, disposition.attempt, due, error,
+        extra=log_fields(
+            message, attempt=disposition.attempt, outcome=disposition.outcome,
+            next_attempt_at=disposition.next_attempt_at, error=error,
+        ),
     )
