@@ -314,12 +314,11 @@ class Policy(_Section):
 def backoff_problem(policy: Policy) -> tuple[str, str] | None:
     """Why this (merged) policy's backoff cannot work, as (the field to fix, one sentence); None if it can.
 
-    A zero unit or cap retries a failing message at every poll; a cap below the unit silently shortens
-    every delay to the cap.
+    A zero cap retries every failing message at every poll whatever the unit says (a zero *unit* does the
+    same on purpose and is allowed: no backoff, paced by the poll interval); a cap below the unit silently
+    shortens every delay to the cap.
     """
     unit, cap = policy.backoff_unit, policy.backoff_cap
-    if unit <= timedelta(0):
-        return "backoff_unit", "PT0S would retry a failing message at every poll; use e.g. PT1M"
     if cap <= timedelta(0):
         return "backoff_cap", "PT0S would retry a failing message at every poll; use e.g. PT3H"
     if cap < unit:

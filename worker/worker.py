@@ -272,8 +272,7 @@ class Worker:
         if self.gauges_lock.acquire():
             self.gauges.run_once()
         else:  # another replica reports the table; do not export stale copies of its numbers
-            self.metrics.messages_by_state.clear()
-            self.metrics.oldest_eligible_age.set(0)
+            self.gauges.clear()
 
     def _cleanup(self) -> None:
         if not self.cleanup_lock.acquire():

@@ -64,7 +64,6 @@ def test_environment_sets_nested_values(monkeypatch: pytest.MonkeyPatch) -> None
         ("CORRELATION_LEASE__DRAIN", "PT30S", "shorter than the lease duration PT30S"),
         ("CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT0S", "greater than zero"),
         # A backoff that retries at every poll, or whose cap silently shortens every delay.
-        ("CORRELATION_POLICY__BACKOFF_UNIT", "PT0S", "every poll"),
         ("CORRELATION_POLICY__BACKOFF_CAP", "PT0S", "every poll"),
         ("CORRELATION_POLICY__BACKOFF_CAP", "PT30S", "below the backoff unit PT1M"),
         # Database URLs: a port that is not one, an in-memory database, an unknown backend.
@@ -222,3 +221,14 @@ def test_unrelated_variables_with_the_prefix_pass(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CORRELATION_WORKER_SERVICE_HOST", "10.0.0.1")  # a Kubernetes service link
     monkeypatch.setenv("CORRELATION_TEST_DATABASE_URL", "postgresql://x")  # the test suite's own
     assert load_settings().poll.page_size == 100
+
+
+async def _async_handler(message: object) -> None:
+    return None
+
+
+def test_an_async_handler_is_refused_when_its_route_is_built() -> None:
+    from worker.correlators import Router
+
+    with pytest.raises(ConfigError, match=r"CORRELATION_CORRELATORS\[\*\].*async function"):
+        Router.from_settings({"*": "tests.unit.test_config:_async_handler"})

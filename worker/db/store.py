@@ -531,6 +531,21 @@ class Store:
 
         return self._run(work)
 
+    def messages_count_by_name_and_state(self) -> dict[tuple[str, str], int]:
+        """Non-zero counts by (message_name, state), the states of :meth:`messages_count_by_state`."""
+
+        def work(connection: Connection) -> dict[tuple[str, str], int]:
+            now = self._now(connection)
+            counts: dict[tuple[str, str], int] = {}
+            for row in connection.execute(_COUNT_BY_NAME_AND_STATE, {"now": now}):
+                for state in ("ready", "waiting", "paused", "dead", "expired"):
+                    count = int(getattr(row, state) or 0)
+                    if count:
+                        counts[(row.message_name, state)] = count
+            return counts
+
+        return self._run(work)
+
     def messages_requeue(self, selection: MessageFilter) -> int:
         """Dead → ready with the attempt count reset, due now; returns how many.
 
@@ -720,6 +735,23 @@ _COUNT_BY_STATE = _typed(
       sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'paused' THEN 1 ELSE 0 END) AS paused,
       sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'dead' THEN 1 ELSE 0 END) AS dead
     FROM correlation_message
+    """,
+    now=UtcDateTime(),
+)
+
+# The same census per message name, for the backlog gauge (bounded to the largest names by the caller).
+_COUNT_BY_NAME_AND_STATE = _typed(
+    """
+    SELECT message_name,
+      sum(CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 1 ELSE 0 END) AS expired,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
+                    AND (next_attempt_at IS NULL OR next_attempt_at <= :now) THEN 1 ELSE 0 END) AS ready,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
+                    AND next_attempt_at > :now THEN 1 ELSE 0 END) AS waiting,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'paused' THEN 1 ELSE 0 END) AS paused,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'dead' THEN 1 ELSE 0 END) AS dead
+    FROM correlation_message
+    GROUP BY message_name
     """,
     now=UtcDateTime(),
 )

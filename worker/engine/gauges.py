@@ -1,4 +1,5 @@
-"""The table census behind the state gauges: messages by state and the oldest eligible message's age.
+"""The table census behind the state gauges: messages by state (also by message name, the largest names and
+``other``) and the oldest eligible message's age.
 
 It reads the whole table's counts, so in a cluster one replica at a time runs it (through a named lock) and the
 others leave their gauges unset rather than scrape the same numbers from every pod.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.db.store import StateCounts, Store
-from worker.service.metrics import Metrics
+from worker.service.metrics import BACKLOG_STATES, Metrics, top_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,10 +18,12 @@ class GaugesResult:
     """The counts the gauges were set to."""
 
     counts: StateCounts
+    by_name: dict[tuple[str, str], int]
 
 
 class Gauges:
-    """Sets ``correlation_messages_by_state`` and ``correlation_oldest_eligible_message_age_seconds``."""
+    """Sets ``correlation_messages_by_state``, ``correlation_backlog_messages`` and
+    ``correlation_oldest_eligible_message_age_seconds``."""
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
         self.store = store
@@ -29,8 +32,14 @@ class Gauges:
     def run_once(self) -> GaugesResult:
         """Count once and set the gauges."""
         counts = self.store.messages_count_by_state()
-        for state in ("ready", "waiting", "paused", "dead", "expired"):
+        by_name = top_names(self.store.messages_count_by_name_and_state())
+        for state in BACKLOG_STATES:
             self.metrics.messages_by_state.labels(state).set(getattr(counts, state))
+        self.metrics.set_backlog(by_name.items())
         age = counts.oldest_eligible_age
         self.metrics.oldest_eligible_age.set(0 if age is None else age.total_seconds())
-        return GaugesResult(counts)
+        return GaugesResult(counts, by_name)
+
+    def clear(self) -> None:
+        """Export nothing: another replica holds the census lock and reports the table."""
+        self.metrics.clear_census()

@@ -33,7 +33,7 @@ from worker.correlators import Router
 from worker.db.store import DatabaseUnavailable, Fence, LeaseLost, Store
 from worker.message import Message
 from worker.policy.batching import Batch, CycleState, plan_batches
-from worker.policy.outcomes import Disposition, HandlerTimeout, Kind, PermanentError, resolve
+from worker.policy.outcomes import Disposition, HandlerTimeout, Kind, PermanentError, interpret_return, resolve
 from worker.service.logs import log_fields
 from worker.service.metrics import Metrics
 
@@ -390,12 +390,15 @@ class Poller:
                 f"no correlator route for message name {message.name!r}: add it to CORRELATION_CORRELATORS "
                 'or configure a "*" fallback'
             )
+        started = time.perf_counter()
         try:
             returned = correlator(message)
         except BaseException as error:  # any handler exception (even SystemExit) is an outcome, never a crash
             return error
-        # A handler may also return an outcome (Retry, PermanentError, Reschedule) instead of raising it.
-        return returned if isinstance(returned, Exception) else None
+        finally:
+            self.metrics.observe_call(message.name, time.perf_counter() - started)
+        # What a returned value means (an outcome, False, or a value that is refused): worker.policy.outcomes.
+        return interpret_return(returned)
 
 
 def _log_failure(call: _Call, disposition: Disposition) -> None:
