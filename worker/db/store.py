@@ -496,6 +496,12 @@ class Store:
         row = self._run(lambda c: c.execute(statement).first())
         return None if row is None else _message(row)
 
+    def messages_get_by_message_id(self, message_id: str) -> Message | None:
+        """One message by the producer's ``message_id`` (unique)."""
+        statement = select(message_table).where(message_table.c.message_id == message_id)
+        row = self._run(lambda c: c.execute(statement).first())
+        return None if row is None else _message(row)
+
     def messages_list(self, selection: MessageFilter, *, after: int = 0, limit: int = 50) -> list[Message]:
         """Messages matching the filter, in id order, from a keyset position."""
         statement = (
