@@ -55,6 +55,9 @@ class _Commands(click.Group):
         kwargs["standalone_mode"] = False
         try:
             return super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as error:  # a bare group: its help is the answer
+            click.echo(error.format_message(), err=True)
+            sys.exit(2)
         except click.ClickException as error:
             where = ""
             context = getattr(error, "ctx", None)
