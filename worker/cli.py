@@ -28,7 +28,7 @@ from worker.correlators import Router
 from worker.db.schema import check_revision_known
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import Message, MessageState
-from worker.redact import redact_url
+from worker.redact import redact_text, redact_url
 from worker.service.endpoint import EndpointError
 from worker.service.logs import bound, configure_logging, escape_controls
 from worker.worker import StartupError, Worker, lease_config, replica_identity
@@ -42,7 +42,7 @@ OUTPUTS = ("table", "json")
 
 def _fail(message: str, code: int = 2) -> NoReturn:
     """End the command with one line on stderr (never a multi-line text) and a non-zero exit code."""
-    line = " ".join(escape_controls(str(message)).split())
+    line = " ".join(escape_controls(redact_text(str(message))).split())
     click.echo(f"{PROG}: {line}", err=True)
     sys.exit(code)
 
