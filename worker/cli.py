@@ -1,4 +1,11 @@
-"""The ``correlation-worker`` command: run, migrate, check-config, send, and the operator commands."""
+"""The ``correlation-worker`` command: run, migrate, check-config, send, and the operator commands.
+
+Every error a user can cause (a bad argument, a bad setting, an unreachable database, a refused row) ends the
+command with **one line** on stderr, ``correlation-worker: …``, and exit code 2; never a traceback.
+
+``status``, ``messages list`` and ``messages show`` print a table when stdout is a terminal and JSON when it
+is not (a pipe, a file, a script), like ``gh`` and ``docker``'s ``--format``; ``--output table|json`` chooses.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +14,59 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import click
+from tabulate import tabulate
 
+from worker import __version__
 from worker.admin import operations as admin
-from worker.config import ConfigError, Settings, load_settings, parse_duration, redact_url
+from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
+from worker.db.schema import check_revision_known
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
-from worker.message import MessageState
-from worker.service.logs import configure_logging
+from worker.message import Message, MessageState
+from worker.redact import redact_text, redact_url
+from worker.service.endpoint import EndpointError
+from worker.service.logs import bound, configure_logging, escape_controls
 from worker.worker import StartupError, Worker, lease_config, replica_identity
 
+PROG = "correlation-worker"
+MAX_ID = 2**63 - 1  # bigint
+LIST_LIMIT = 10_000
+CELL = 60  # characters of one table cell in a list (show prints whole values)
+OUTPUTS = ("table", "json")
 
-def _fail(message: str) -> None:
-    click.echo(f"correlation-worker: {message}", err=True)
-    sys.exit(2)
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """End the command with one line on stderr (never a multi-line text) and a non-zero exit code."""
+    line = " ".join(escape_controls(redact_text(str(message))).split())
+    click.echo(f"{PROG}: {line}", err=True)
+    sys.exit(code)
+
+
+class _Commands(click.Group):
+    """The top-level group: every usage error is one line (click would print usage, hint and error)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line; a click error becomes one line and exit code 2."""
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as error:  # a bare group: its help is the answer
+            click.echo(error.format_message(), err=True)
+            sys.exit(2)
+        except click.ClickException as error:
+            where = ""
+            context = getattr(error, "ctx", None)
+            if context is not None and context.command_path != PROG:
+                where = context.command_path.removeprefix(PROG).strip() + ": "
+            hint = " (see --help)" if isinstance(error, click.UsageError) else ""
+            _fail(f"{where}{error.format_message()}{hint}", error.exit_code or 2)
+        except click.exceptions.Abort:
+            _fail("aborted", 1)
 
 
 def _exit_after_run(code: int) -> NoReturn:
@@ -47,15 +89,16 @@ def _settings() -> Settings:
         return load_settings()
     except ConfigError as error:
         _fail(str(error))
-        raise  # unreachable
 
 
 def _with_store(action: Callable[[Store], Any]) -> Any:
     settings = _settings()
     store = Store.from_settings(settings.database)
     try:
-        if store.schema_revision() is None:
+        revision = store.schema_revision()
+        if revision is None:
             _fail("the database has no correlation-worker schema yet: run `correlation-worker migrate` first")
+        check_revision_known(revision)
         return action(store)
     except (StoreError, admin.AdminError) as error:
         _fail(str(error))
@@ -63,8 +106,94 @@ def _with_store(action: Callable[[Store], Any]) -> Any:
         store.close()
 
 
-def _print(data: Any) -> None:
+# -- output ----------------------------------------------------------------------------------------------------
+
+
+def _output_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--output",
+        "-o",
+        type=click.Choice(OUTPUTS),
+        default=None,
+        help="table or json (default: table on a terminal, json otherwise).",
+    )(command)
+
+
+def _wants_table(output: str | None) -> bool:
+    return output == "table" if output is not None else sys.stdout.isatty()
+
+
+def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _cell(value: Any, limit: int | None = CELL) -> str:
+    """A table cell: control characters escaped (hints and payloads are producers' text), long text cut."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    if limit is not None:
+        text = " ".join(text.split())  # one line per row
+        text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return escape_controls(bound(text))
+
+
+def _status_table(shown: dict[str, Any]) -> str:
+    states = shown["messages_by_state"]
+    age = shown["oldest_eligible_age_seconds"]
+    replicas = shown["slots_per_replica"]
+    held = sum(replicas.values())
+    parts = [
+        tabulate([(state, count) for state, count in states.items()], headers=["state", "messages"],
+                 colalign=("left", "right")),
+        "",
+        f"oldest eligible message: {'none' if age is None else f'waiting for {age:.3f} s'}",
+        "",
+        f"slot leases: {held} of {shown['slots']} slots held by {len(replicas)} replicas",
+    ]
+    if replicas:
+        parts.append(tabulate(sorted(replicas.items()), headers=["replica", "slots held"],
+                              colalign=("left", "right")))
+    return "\n".join(parts)
+
+
+LIST_COLUMNS = ("id", "message_id", "message_name", "correlation_hint", "state", "attempt", "next_attempt_at",
+                "created_at", "last_error")
+
+
+def _list_table(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "no messages"
+    table = [[_cell(row[column]) for column in LIST_COLUMNS] for row in rows]
+    return tabulate(table, headers=[c.replace("correlation_", "") for c in LIST_COLUMNS], disable_numparse=True)
+
+
+def _show_table(row: dict[str, Any]) -> str:
+    lines = []
+    for field, value in row.items():
+        shown = json.dumps(value, indent=2, ensure_ascii=False) if isinstance(value, dict | list) else value
+        lines.append((field, _cell(shown, limit=None)))
+    return tabulate(lines, tablefmt="plain", disable_numparse=True)
+
+
+# -- arguments ---------------------------------------------------------------------------------------------------
+
+class _RowId(click.ParamType[int]):
+    """A message's row id: a whole number from 1 to the largest bigint."""
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The id as an int, or a usage error naming the value."""
+        if isinstance(value, int) and 1 <= value <= MAX_ID:
+            return value
+        text = str(value).strip()
+        if text.isdigit() and 1 <= int(text) <= MAX_ID:
+            return int(text)
+        self.fail(f"{value!r} is not a message id (a whole number from 1 to {MAX_ID})", param, ctx)
+
+
+ROW_ID = _RowId()
 
 
 def _json_option(value: str | None, name: str) -> Any:
@@ -73,14 +202,31 @@ def _json_option(value: str | None, name: str) -> Any:
     try:
         return json.loads(value)
     except ValueError as error:
-        raise click.BadParameter(f"{name} is not valid JSON: {error}") from None
+        raise click.BadParameter(f"not valid JSON ({error})", param_hint=name) from None
+
+
+def _timestamp(value: str | None) -> datetime | None:
+    """An ISO-8601 timestamp; one without a zone is UTC."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not an ISO-8601 timestamp such as 2026-12-31T23:59:00Z", param_hint="--expires-at"
+        ) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
 
 def _selection(ids: tuple[int, ...], name: str | None, hint: str | None, state: str | None) -> MessageFilter:
     return MessageFilter(ids=ids, name=name, hint=hint, state=MessageState(state) if state else None)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# -- commands ------------------------------------------------------------------------------------------------
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name=PROG, message="%(prog)s %(version)s")
 def main() -> None:
     """correlation-worker: correlate messages inserted with SQL, in order per hint, across replicas.
 
@@ -98,10 +244,8 @@ def run() -> None:
         worker = Worker(settings, replica_id=replica_id)
         worker.install_signal_handlers()
         code = worker.run()
-    except (ConfigError, StartupError, StoreError) as error:
+    except (ConfigError, StartupError, StoreError, EndpointError) as error:
         _fail(str(error))
-    except OSError as error:  # e.g. the metrics port is taken
-        _fail(f"cannot start: {error}")
     _exit_after_run(code)
 
 
@@ -116,15 +260,16 @@ def migrate() -> None:
         _fail(str(error))
     finally:
         store.close()
+    where = redact_url(settings.database.url)
     if before == after:
-        click.echo(f"schema is current (revision {after}) on {redact_url(settings.database.url)}")
+        click.echo(f"schema is current (revision {after}) on {where}")
     else:
-        click.echo(f"schema migrated from {before or 'nothing'} to {after} on {redact_url(settings.database.url)}")
+        click.echo(f"schema migrated from {before or 'nothing'} to {after} on {where}")
 
 
 @main.command("check-config")
 def check_config() -> None:
-    """Validate the settings and print the effective configuration (passwords hidden)."""
+    """Validate the settings and print the effective configuration (credentials hidden)."""
     settings = _settings()
     try:
         routes = Router.from_settings(settings.correlators).describe()
@@ -133,7 +278,7 @@ def check_config() -> None:
         _fail(str(error))
     data = settings.redacted()
     data["correlators"] = routes
-    _print(data)
+    _print_json(data)
 
 
 @main.command()
@@ -143,7 +288,7 @@ def check_config() -> None:
 @click.option("--headers", help="JSON object of headers.")
 @click.option("--message-id", help="Producer id; sending it twice inserts once.")
 @click.option("--ttl", help="Time to live, ISO-8601 (PT30S).")
-@click.option("--expires-at", help="ISO-8601 timestamp after which the message is dropped.")
+@click.option("--expires-at", help="ISO-8601 timestamp after which the message is dropped (UTC if no zone).")
 def send(
     name: str,
     hint: str,
@@ -155,18 +300,22 @@ def send(
 ) -> None:
     """Insert one message NAME for correlation hint HINT."""
     try:
-        time_to_live = parse_duration(ttl) if ttl else None
-        expiry = datetime.fromisoformat(expires_at) if expires_at else None
+        time_to_live = parse_duration(ttl) if ttl is not None else None
     except ValueError as error:
-        raise click.BadParameter(str(error)) from None
+        raise click.BadParameter(str(error), param_hint="--ttl") from None
+    header_values = _json_option(headers, "--headers")
+    if header_values is not None and not isinstance(header_values, dict):
+        raise click.BadParameter(
+            f'must be a JSON object such as {{"tenant": "acme"}}, not {headers}', param_hint="--headers"
+        )
     message = NewMessage(
         name=name,
         hint=hint,
         payload=_json_option(payload, "--payload"),
-        headers=_json_option(headers, "--headers"),
+        headers=header_values,
         message_id=message_id,
         time_to_live=time_to_live,
-        expires_at=expiry,
+        expires_at=_timestamp(expires_at),
     )
 
     def insert(store: Store) -> None:
@@ -183,9 +332,11 @@ def send(
 
 
 @main.command()
-def status() -> None:
-    """Messages by state and the age of the oldest eligible one."""
-    _print(_with_store(admin.status))
+@_output_option
+def status(output: str | None) -> None:
+    """Messages by state, the oldest eligible message's age, and the slots each replica holds."""
+    shown = _with_store(admin.status)
+    click.echo(_status_table(shown)) if _wants_table(output) else _print_json(shown)
 
 
 @main.group()
@@ -197,28 +348,60 @@ def messages() -> None:
 @click.option("--state", type=click.Choice([s.value for s in MessageState]))
 @click.option("--name", help="message_name")
 @click.option("--hint", help="correlation_hint")
-@click.option("--after", type=int, default=0, show_default=True, help="Only ids above this (paging).")
-@click.option("--limit", type=int, default=50, show_default=True)
-def messages_list(state: str | None, name: str | None, hint: str | None, after: int, limit: int) -> None:
+@click.option("--after", type=click.IntRange(0, MAX_ID), default=0, show_default=True,
+              help="Only ids above this (paging).")
+@click.option("--limit", type=click.IntRange(1, LIST_LIMIT), default=50, show_default=True)
+@_output_option
+def messages_list(
+    state: str | None, name: str | None, hint: str | None, after: int, limit: int, output: str | None
+) -> None:
     """Messages in id order, optionally filtered."""
     selection = _selection((), name, hint, state)
     rows = _with_store(lambda store: store.messages_list(selection, after=after, limit=limit))
-    _print([admin.message_as_dict(m) for m in rows])
+    shown = [admin.message_as_dict(m) for m in rows]
+    click.echo(_list_table(shown)) if _wants_table(output) else _print_json(shown)
 
 
 @messages.command("show")
-@click.argument("message_id", type=int)
-def messages_show(message_id: int) -> None:
-    """One message with its last error."""
-    message = _with_store(lambda store: store.messages_get(message_id))
+@click.argument("reference")
+@click.option(
+    "--by",
+    type=click.Choice(["auto", "id", "message_id"]),
+    default="auto",
+    show_default=True,
+    help="What REFERENCE is: the row id, the producer's message_id, or (auto) whichever matches.",
+)
+@_output_option
+def messages_show(reference: str, by: str, output: str | None) -> None:
+    """One message with its last error, by its id (4711) or its producer's message_id (shop-4711-paid)."""
+    if by == "id" and not (reference.isdigit() and 1 <= int(reference) <= MAX_ID):
+        raise click.BadParameter(f"{reference!r} is not a message id (a number from 1)", param_hint="REFERENCE")
+
+    def find(store: Store) -> Message | None:
+        by_id = store.messages_get(int(reference)) if by != "message_id" and _is_row_id(reference) else None
+        by_message_id = store.messages_get_by_message_id(reference) if by != "id" else None
+        if by_id is not None and by_message_id is not None and by_id.id != by_message_id.id:
+            _fail(
+                f"{reference!r} is the id of message {by_id.id} and the message_id of message {by_message_id.id}: "
+                "say which with --by id or --by message_id"
+            )
+        return by_id or by_message_id
+
+    message = _with_store(find)
     if message is None:
-        _fail(f"no message with id {message_id}")
-    _print(admin.message_as_dict(message))
+        what = {"id": "id", "message_id": "message_id"}.get(by, "id or message_id")
+        _fail(f"no message with {what} {reference!r}")
+    shown = admin.message_as_dict(message)
+    click.echo(_show_table(shown)) if _wants_table(output) else _print_json(shown)
+
+
+def _is_row_id(reference: str) -> bool:
+    return reference.isdigit() and 1 <= int(reference) <= MAX_ID
 
 
 def _bulk_command(name: str, help_text: str, action: Callable[[Store, MessageFilter], int], verb: str) -> None:
     @main.command(name, help=help_text)
-    @click.argument("ids", nargs=-1, type=int)
+    @click.argument("ids", nargs=-1, type=ROW_ID)
     @click.option("--name", "message_name", help="Every message of this message_name.")
     @click.option("--hint", help="Every message of this correlation_hint.")
     @click.option("--state", type=click.Choice([s.value for s in MessageState]), help="Only in this state.")

@@ -9,6 +9,7 @@ A bad value stops startup with one line naming the setting (see :func:`describe_
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import socket
@@ -17,6 +18,7 @@ from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import isodate
 from pydantic import (
@@ -26,15 +28,19 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from worker.redact import redact_route, redact_url
 
 ENV_PREFIX = "CORRELATION_"
 CONFIG_FILE_ENV = "CORRELATION_CONFIG_FILE"
@@ -76,6 +82,20 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str),
 ]
+
+
+def _require_positive(value: timedelta, what: str, example: str = "PT1M") -> timedelta:
+    """Refuse a zero duration where it would make a loop spin (an interval) or end at once (a timeout)."""
+    if value <= timedelta(0):
+        raise ValueError(
+            f"{format_duration(value)} would make {what}; use a duration greater than zero, e.g. {example}"
+        )
+    return value
+
+
+def _named(setting: str, detail: str) -> PydanticCustomError:
+    """A validation error that names its setting itself (for checks across fields)."""
+    return PydanticCustomError("named_setting", "{detail}", {"setting": setting, "detail": detail})
 
 
 class Mode(StrEnum):
@@ -148,9 +168,53 @@ class DatabaseSettings(_Section):
     @field_validator("url")
     @classmethod
     def _known_backend(cls, url: str) -> str:
-        if not url.startswith(("postgresql", "sqlite")):
-            raise ValueError(f"{url.split(':', 1)[0]!r} is not supported; use postgresql+psycopg:// or sqlite:///")
+        check_database_url(url)
         return url
+
+    @field_validator("connect_timeout")
+    @classmethod
+    def _connect_timeout_positive(cls, value: timedelta) -> timedelta:
+        return _require_positive(value, "every connection attempt give up at once", "PT5S")
+
+
+POSTGRESQL_SCHEMES = ("postgresql", "postgres")
+URL_EXAMPLES = "use postgresql://user:password@host:5432/db or sqlite:///path/to/file.db"
+
+
+def check_database_url(url: str) -> None:
+    """Refuse a database URL the worker cannot use, with a reason that never echoes its password.
+
+    ``postgresql://`` and ``postgres://`` (with any driver name: psycopg 3 is used) and a SQLite *file* are
+    accepted; an in-memory SQLite database is refused, since it would vanish with the process and could not
+    be shared with the CLI or a second process.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:
+        raise ValueError(f"{redact_url(url)!r} is not a URL ({error}); {URL_EXAMPLES}") from None
+    backend = parts.scheme.split("+", 1)[0].lower()
+    if not parts.scheme or "://" not in url:
+        raise ValueError(f"{redact_url(url)!r} is not a URL; {URL_EXAMPLES}")
+    if backend in POSTGRESQL_SCHEMES:
+        port = parts.netloc.rpartition("@")[2]
+        if port.startswith("["):  # [IPv6]:port
+            port = port.partition("]")[2]
+        _, colon, number = port.rpartition(":")
+        if colon and number and not (number.isdigit() and 1 <= int(number) <= 65535):
+            raise ValueError(
+                f"the port {number!r} in the URL is not a number from 1 to 65535; PostgreSQL's is usually 5432"
+            )
+        return
+    if backend == "sqlite":
+        path = url.split("://", 1)[1].lstrip("/").split("?", 1)[0]
+        in_memory = not path or path == ":memory:" or path.startswith("file::memory:") or "mode=memory" in url
+        if in_memory:
+            raise ValueError(
+                "an in-memory SQLite database vanishes with the process and cannot be shared with the CLI or "
+                "another replica; name a file, e.g. sqlite:///correlation.db"
+            )
+        return
+    raise ValueError(f"{parts.scheme!r} is not supported; {URL_EXAMPLES}")
 
 
 class PollSettings(_Section):
@@ -178,6 +242,11 @@ class CleanupSettings(_Section):
     interval: Duration = timedelta(minutes=1)
     chunk_size: int = Field(default=1000, ge=1, le=100_000)
 
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        return _require_positive(value, "cleanup run in a busy loop")
+
 
 class PolicyOverride(_Section):
     """Per-``message_name`` policy: every field left unset is inherited from the global policy."""
@@ -196,6 +265,11 @@ class PolicyOverride(_Section):
     @model_validator(mode="before")
     @classmethod
     def _refuse_batch_shape(cls, data: Any) -> Any:
+        if not isinstance(data, dict | PolicyOverride):
+            raise ValueError(
+                f"{json.dumps(data, default=str)} is not a policy; use an object of policy fields such as "
+                '{"max_retries": 3, "time_to_live": "PT1H"}'
+            )
         if isinstance(data, dict):
             for name in ("mode", "batch_size"):
                 if name in data:
@@ -238,12 +312,40 @@ class Policy(_Section):
             raise ValueError("the handler timeout must be greater than zero")
         return value
 
+    @model_validator(mode="after")
+    def _backoff_sound(self) -> Policy:
+        problem = backoff_problem(self)
+        if problem is not None:
+            field_name, detail = problem
+            raise _named(f"{ENV_PREFIX}POLICY__{field_name.upper()}", detail)
+        return self
+
     def merged(self, override: PolicyOverride | None) -> Policy:
         """This policy with every field the override sets replaced."""
         if override is None:
             return self
         changes = {name: getattr(override, name) for name in override.model_fields_set}
         return self.model_copy(update=changes)
+
+
+def backoff_problem(policy: Policy) -> tuple[str, str] | None:
+    """Why this (merged) policy's backoff cannot work, as (the field to fix, one sentence); None if it can.
+
+    A zero cap retries every failing message at every poll whatever the unit says (a zero *unit* does the
+    same on purpose and is allowed: no backoff, paced by the poll interval); a cap below the unit silently
+    shortens every delay to the cap.
+    """
+    unit, cap = policy.backoff_unit, policy.backoff_cap
+    if cap <= timedelta(0):
+        return "backoff_cap", "PT0S would retry a failing message at every poll; use e.g. PT3H"
+    if cap < unit:
+        return "backoff_cap", (
+            f"{format_duration(cap)} is below the backoff unit {format_duration(unit)}, so every delay would be "
+            "the cap; use a cap at least as long as the unit"
+        )
+    if policy.handler_timeout <= timedelta(0):
+        return "handler_timeout", "PT0S would time out every call at once; use e.g. PT30S"
+    return None
 
 
 class MetricsSettings(_Section):
@@ -254,6 +356,11 @@ class MetricsSettings(_Section):
     enabled: bool = True
     # How often one replica counts the table for the state gauges.
     gauges_interval: Duration = timedelta(seconds=15)
+
+    @field_validator("gauges_interval")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        return _require_positive(value, "the table census run in a busy loop")
 
 
 class LogSettings(_Section):
@@ -290,6 +397,33 @@ class LeaseSettings(_Section):
     # A slot handed back to balance the cluster is withheld this long before release (a page may be in flight).
     drain: Duration = timedelta(seconds=5)
 
+    @model_validator(mode="after")
+    def _terms_fit(self) -> LeaseSettings:
+        # The same rules as the leaser's own (engine/leases.py), here so that every command refuses them early.
+        name = ENV_PREFIX + "LEASE__"
+        duration, renew = self.duration, self.renew_interval
+        if duration <= timedelta(0):
+            raise _named(name + "DURATION", "PT0S: a lease must last; use e.g. PT30S")
+        if renew <= timedelta(0) or renew * 3 > duration:
+            raise _named(
+                name + "RENEW_INTERVAL",
+                f"{format_duration(renew)} must be greater than zero and at most a third of the lease duration "
+                f"{format_duration(duration)}, so that two renewals can fail before a term ends",
+            )
+        if self.safety_margin >= duration - renew:
+            raise _named(
+                name + "SAFETY_MARGIN",
+                f"{format_duration(self.safety_margin)} must be less than the lease duration minus the renew "
+                f"interval ({format_duration(duration - renew)}), or slots would stop being polled between two "
+                "renewals",
+            )
+        if self.drain >= duration:
+            raise _named(
+                name + "DRAIN",
+                f"{format_duration(self.drain)} must be shorter than the lease duration {format_duration(duration)}",
+            )
+        return self
+
 
 class OrderSettings(_Section):
     """The commit-order horizon: how long a running producer transaction may hold back later messages."""
@@ -317,6 +451,20 @@ def _default_routes() -> dict[str, str | dict[str, Any]]:
     return {"*": "log"}
 
 
+def _route_shape(value: object) -> object:
+    """A route is a string or an object; anything else is refused in one sentence (not one per union arm)."""
+    if isinstance(value, str | dict):
+        return value
+    shown = json.dumps(value) if isinstance(value, int | float | bool | list) or value is None else repr(value)
+    raise ValueError(
+        f"{shown} is not a route; use \"log\", \"module:function\" or an object such as "
+        '{"type": "http", "url": "https://..."}'
+    )
+
+
+Route = Annotated[str | dict[str, Any], BeforeValidator(_route_shape)]
+
+
 class Settings(BaseSettings):
     """Every setting of correlation-worker. Build it with :func:`load_settings`."""
 
@@ -332,7 +480,7 @@ class Settings(BaseSettings):
     cleanup: CleanupSettings = CleanupSettings()
     policy: Policy = Policy()
     policies: dict[str, PolicyOverride] = Field(default_factory=dict)
-    correlators: dict[str, str | dict[str, Any]] = Field(default_factory=_default_routes)
+    correlators: dict[str, Route] = Field(default_factory=_default_routes)
     metrics: MetricsSettings = MetricsSettings()
     log: LogSettings = LogSettings()
     replica: ReplicaSettings = ReplicaSettings()
@@ -341,12 +489,54 @@ class Settings(BaseSettings):
     notify: NotifySettings = NotifySettings()
     shutdown: ShutdownSettings = ShutdownSettings()
 
+    @field_validator("correlators", "policies", mode="before")
+    @classmethod
+    def _an_object(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, dict):
+            example = '{"order.paid": "shop.handlers:on_paid", "*": "log"}' if info.field_name == "correlators" else (
+                '{"invoice.sent": {"max_retries": 3}}'
+            )
+            raise ValueError(f"{json.dumps(value, default=str)} is not a JSON object; use e.g. {example}")
+        return value
+
     @field_validator("correlators")
     @classmethod
     def _routes_not_empty(cls, value: dict[str, Any]) -> dict[str, Any]:
         if not value:
             raise ValueError('at least one route is needed, e.g. {"*": "log"}')
         return value
+
+    @model_validator(mode="after")
+    def _overrides_sound(self) -> Settings:
+        # An override is checked merged with the global policy: its own values may be fine alone and still
+        # make a broken whole (a unit raised above the inherited cap).
+        for name, override in self.policies.items():
+            problem = backoff_problem(self.policy.merged(override))
+            if problem is not None:
+                field_name, detail = problem
+                inherited = "" if field_name in override.model_fields_set else (
+                    f" (inherited from {ENV_PREFIX}POLICY__{field_name.upper()})"
+                )
+                raise _named(f"{ENV_PREFIX}POLICIES[{name}].{field_name}", f"{detail}{inherited}")
+        return self
+
+    @model_validator(mode="after")
+    def _calls_fit_in_the_lease(self) -> Settings:
+        # A call never starts unless it can end before its slot's lease could: with renewals on time, a lease
+        # is always safe for duration - renew_interval - safety_margin.
+        timeout, setting = self.longest_handler_timeout()
+        lease = self.lease
+        room = lease.duration - lease.renew_interval - lease.safety_margin
+        if timeout > room:
+            raise _named(
+                setting,
+                f"a call may take {format_duration(timeout)} but must end before its slot lease could: at most "
+                f"{ENV_PREFIX}LEASE__DURATION ({format_duration(lease.duration)}) minus __RENEW_INTERVAL "
+                f"({format_duration(lease.renew_interval)}) minus __SAFETY_MARGIN "
+                f"({format_duration(lease.safety_margin)}) = {format_duration(room)}; shorten the timeout or "
+                "lengthen the lease",
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -377,20 +567,11 @@ class Settings(BaseSettings):
         return longest, setting
 
     def redacted(self) -> dict[str, Any]:
-        """The effective configuration as JSON-ready data, with the database password hidden."""
+        """The effective configuration as JSON-ready data, with every credential hidden (URL and routes)."""
         data = self.model_dump(mode="json")
         data["database"]["url"] = redact_url(self.database.url)
+        data["correlators"] = {name: redact_route(spec) for name, spec in self.correlators.items()}
         return data
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL is reported elsewhere; never echo it whole
-        return "<unparsable database URL>"
 
 
 class ConfigError(Exception):
@@ -402,10 +583,13 @@ def describe_error(error: ValidationError) -> str:
     lines = []
     for problem in error.errors():
         location = [str(part) for part in problem["loc"]]
+        if problem["type"] == "named_setting":
+            lines.append(f"invalid setting {problem['ctx']['setting']}: {problem['ctx']['detail']}")
+            continue
         if location and location[0] in ("policies", "correlators"):
             name = ENV_PREFIX + location[0].upper()
-            detail = "[" + "].[".join(location[1:]) + "]" if len(location) > 1 else ""
-            name += detail
+            if len(location) > 1:
+                name += f"[{location[1]}]" + "".join(f".{part}" for part in location[2:])
         else:
             name = ENV_PREFIX + "__".join(part.upper() for part in location)
         message = str(problem["msg"]).removeprefix("Value error, ")

@@ -18,12 +18,13 @@ from types import FrameType
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
 from worker.db.listener import Listener
-from worker.db.schema import head_revision
+from worker.db.schema import check_revision_known, head_revision
 from worker.db.store import DatabaseUnavailable, Store, StoreError
 from worker.engine.cleanup import Cleanup
 from worker.engine.engine import Engine
 from worker.engine.gauges import Gauges
 from worker.engine.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
+from worker.redact import redact_url
 from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import Metrics
 
@@ -34,24 +35,12 @@ HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while 
 
 
 def lease_config(settings: Settings) -> SlotLeaseConfig:
-    """The slot lease settings, checked together and against the handler timeouts; a bad combination is a
-    ConfigError naming the settings."""
+    """The slot lease settings (already checked together, and against the handler timeouts, by the settings)."""
     lease = settings.lease
     try:
-        config = SlotLeaseConfig(lease.duration, lease.renew_interval, lease.safety_margin, lease.drain)
+        return SlotLeaseConfig(lease.duration, lease.renew_interval, lease.safety_margin, lease.drain)
     except ValueError as error:
         raise ConfigError(f"invalid setting CORRELATION_LEASE__*: {error}") from None
-    timeout, setting = settings.longest_handler_timeout()
-    room = lease.duration - lease.renew_interval - lease.safety_margin
-    if timeout > room:
-        raise ConfigError(
-            f"invalid setting {setting}: a call may take {format_duration(timeout)} but must end before its slot "
-            f"lease could: at most CORRELATION_LEASE__DURATION ({format_duration(lease.duration)}) minus "
-            f"__RENEW_INTERVAL ({format_duration(lease.renew_interval)}) minus __SAFETY_MARGIN "
-            f"({format_duration(lease.safety_margin)}) = {format_duration(room)}; shorten the timeout or "
-            "lengthen the lease"
-        )
-    return config
 
 
 def singleton_lease(interval: timedelta) -> timedelta:
@@ -145,6 +134,7 @@ class Worker:
         head = head_revision()
         if revision == head:
             return
+        check_revision_known(revision)  # a newer release's schema: one line saying so, not advice to migrate
         if not self.settings.database.auto_migrate:
             raise StartupError(
                 f"the database schema is at revision {revision or 'none'} but this version needs {head}: "
@@ -191,7 +181,7 @@ class Worker:
         logger.info(
             "replica %s polling %s every %s (%d slots), routes %s",
             self.replica_id,
-            self.store.engine.url.render_as_string(hide_password=True),
+            redact_url(self.settings.database.url),
             format_duration(self.settings.poll.interval),
             self.store.slot_count,
             self.router.describe(),
@@ -290,8 +280,7 @@ class Worker:
         if self.gauges_lock.acquire():
             self.gauges.run_once()
         else:  # another replica reports the table; do not export stale copies of its numbers
-            self.metrics.messages_by_state.clear()
-            self.metrics.oldest_eligible_age.set(0)
+            self.gauges.clear()
 
     def _cleanup(self) -> None:
         if not self.cleanup_lock.acquire():

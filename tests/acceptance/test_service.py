@@ -68,8 +68,16 @@ DOCUMENTED = {
     "correlation_database_errors_total": "counter",
     "correlation_cleanup_removed_messages_total": "counter",
     "correlation_build_info": "gauge",  # an info metric: a gauge of 1 whose labels carry the facts
+    "correlation_backlog_messages": "gauge",
+    # The standard process collectors, on the worker's own registry.
+    "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_open_fds": "gauge",
+    "process_start_time_seconds": "gauge",
 }
+# The worker's labels, and those of the standard python_info and GC collectors (all bounded).
 BOUNDED_LABELS = {"message_name", "outcome", "state", "version", "le"}
+BOUNDED_LABELS |= {"implementation", "major", "minor", "patchlevel", "generation"}
 
 
 # -- a handler that logs its own failure (the worker imports it as test_service:noisy) -----------------------
@@ -263,14 +271,19 @@ def test_counters_and_histograms_move_as_messages_are_correlated(pg_db: Database
     assert value(after, "correlation_batch_duration_seconds_bucket", le="+Inf") == batches
     assert value(after, "correlation_batch_duration_seconds_sum") > 0
     assert value(after, "correlation_fetch_duration_seconds_count") > fetches_before
+    # Every correlator call is timed by message name.
     assert value(after, "correlation_call_duration_seconds_count", message_name="order.paid") == 5
+    assert value(after, "correlation_call_duration_seconds_count", message_name="order.refunded") == 3
+    # No *_created series doubling the counters and histograms.
+    assert not [sample.name for sample in after if sample.name.endswith("_created")]
 
     # Labels are bounded: names and outcomes, never a hint or an id.
     hints_and_ids = {f"order-{n}" for n in range(5)} | {f"refund-{n}" for n in range(3)}
     hints_and_ids |= {str(row_id) for row_id in succeeding + failing}
     for sample in after:
         assert set(sample.labels) <= BOUNDED_LABELS, f"{sample.name} has labels {sorted(sample.labels)}"
-        assert not hints_and_ids.intersection(sample.labels.values()), sample
+        worker_labels = {sample.labels.get(key) for key in ("message_name", "outcome", "state")}
+        assert not hints_and_ids.intersection(worker_labels), sample
 
 
 def test_messages_by_state_reflects_the_table(pg_db: Database, start_worker: StartWorker) -> None:
@@ -293,6 +306,12 @@ def test_messages_by_state_reflects_the_table(pg_db: Database, start_worker: Sta
 
     expected = {"ready": 2, "waiting": 1, "paused": 1, "dead": 1, "expired": 1}
     wait_until(lambda: states(base) == expected, what=f"the gauges to show {expected}", workers=[process])
+    backlog = {
+        (sample.labels["message_name"], sample.labels["state"]): sample.value
+        for sample in scrape(base)
+        if sample.name == "correlation_backlog_messages"
+    }
+    assert backlog == {("order.paid", state): count for state, count in expected.items()}
 
     pg_db.execute("UPDATE correlation_message SET state = 'ready' WHERE state = 'paused'")
     pg_db.execute("DELETE FROM correlation_message WHERE state = 'dead'")
@@ -484,7 +503,7 @@ def test_json_logs_are_one_object_per_line_with_time_level_logger_replica_and_me
 
 
 TEXT_LINE = re.compile(
-    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) acceptance-[0-9a-f]{8} [\w.]+: "
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) acceptance-[0-9a-f]{8} [\w.]+: "
 )
 
 

@@ -14,7 +14,7 @@ def test_status_shows_counts_and_which_replica_holds_how_many_slots(store: Store
         second.run_once()
     store.messages_insert(NewMessage("n", "order-1"))
     shown = admin.status(store)
-    assert shown["ready"] == 1 and shown["total"] == 1
+    assert shown["messages_by_state"]["ready"] == 1 and shown["messages_by_state"]["total"] == 1
     assert shown["oldest_eligible_age_seconds"] is not None
-    assert sorted(shown["replicas"].values()) == [32, 32]
-    assert set(shown["replicas"]) == {first.holder, second.holder}
+    assert sorted(shown["slots_per_replica"].values()) == [32, 32] and shown["slots"] == 64
+    assert set(shown["slots_per_replica"]) == {first.holder, second.holder}

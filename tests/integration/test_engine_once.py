@@ -327,3 +327,17 @@ def set_columns_in(store: Store, row_id: int, attempt: int, due_in: float) -> No
         connection.execute(
             update(message_table).where(message_table.c.id == row_id).values(attempt=attempt, next_attempt_at=due)
         )
+
+
+def test_what_a_handler_returns_decides_its_outcome(any_store: Store) -> None:
+    answers: dict[str, object] = {"none": None, "true": True, "false": False, "tuple": (False, "not ready")}
+    ids = {hint: send(any_store, hint, 1) for hint in answers}
+    make_poller(any_store, lambda message: answers[message.hint]).run_once()
+
+    assert any_store.messages_get(ids["none"]) is None and any_store.messages_get(ids["true"]) is None
+    retried = any_store.messages_get(ids["false"])
+    assert retried is not None and retried.state is MessageState.READY and retried.attempt == 1
+    assert retried.last_error is not None and "returned False" in retried.last_error
+    refused = any_store.messages_get(ids["tuple"])  # never taken for a success: the message is kept
+    assert refused is not None and refused.state is MessageState.DEAD
+    assert refused.last_error is not None and "returned a value of type tuple" in refused.last_error

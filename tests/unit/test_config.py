@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,6 +54,32 @@ def test_environment_sets_nested_values(monkeypatch: pytest.MonkeyPatch) -> None
         ("CORRELATION_POLICY__MODE", "some", "fail_first"),
         ("CORRELATION_DATABASE__URL", "mysql://x", "not supported"),
         ("CORRELATION_POLL__PAGE_SIZE", "0", "greater than or equal to 1"),
+        # Zero intervals of a loop would spin it.
+        ("CORRELATION_POLL__INTERVAL", "PT0S", "greater than zero"),
+        ("CORRELATION_CLEANUP__INTERVAL", "PT0S", "busy loop"),
+        ("CORRELATION_METRICS__GAUGES_INTERVAL", "PT0S", "busy loop"),
+        ("CORRELATION_LEASE__RENEW_INTERVAL", "PT0S", "greater than zero"),
+        ("CORRELATION_LEASE__DURATION", "PT0S", "a lease must last"),
+        ("CORRELATION_LEASE__SAFETY_MARGIN", "PT36S", "PT35S"),
+        ("CORRELATION_LEASE__DRAIN", "PT40S", "shorter than the lease duration PT40S"),
+        ("CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT0S", "greater than zero"),
+        # A backoff that retries at every poll, or whose cap silently shortens every delay.
+        ("CORRELATION_POLICY__BACKOFF_CAP", "PT0S", "every poll"),
+        ("CORRELATION_POLICY__BACKOFF_CAP", "PT30S", "below the backoff unit PT1M"),
+        # Database URLs: a port that is not one, an in-memory database, an unknown backend.
+        ("CORRELATION_DATABASE__URL", "postgresql://app@db:abc/app", "the port 'abc'"),
+        ("CORRELATION_DATABASE__URL", "postgres://app@db:70000/app", "the port '70000'"),
+        ("CORRELATION_DATABASE__URL", "postgresql://app@[::1]:0/app", "the port '0'"),
+        ("CORRELATION_DATABASE__URL", "sqlite://", "in-memory"),
+        ("CORRELATION_DATABASE__URL", "sqlite:///:memory:", "in-memory"),
+        ("CORRELATION_DATABASE__URL", "sqlite:///file:x?mode=memory&uri=true", "in-memory"),
+        ("CORRELATION_DATABASE__URL", "correlation.db", "is not a URL"),
+        # Routes and policies of the wrong JSON shape: one sentence, not one per arm of a union.
+        ("CORRELATION_CORRELATORS", '{"*": 5}', "5 is not a route"),
+        ("CORRELATION_CORRELATORS", '{"*": null}', "null is not a route"),
+        ("CORRELATION_CORRELATORS", "[1]", "[1] is not a JSON object"),
+        ("CORRELATION_POLICIES", '{"x": 5}', "5 is not a policy"),
+        ("CORRELATION_POLICIES", '"x"', "is not a JSON object"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_setting(
@@ -64,6 +91,49 @@ def test_a_bad_value_is_one_line_naming_the_setting(
     message = str(info.value)
     assert "\n" not in message
     assert name in message and expected in message
+
+
+def test_a_union_typed_setting_gives_one_sentence_without_pydantic_internals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRELATION_CORRELATORS", '{"*": 5}')
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value).count("invalid setting") == 1
+    assert "dict[" not in str(info.value) and "valid string" not in str(info.value)
+
+
+def test_a_bad_port_is_refused_without_echoing_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRELATION_DATABASE__URL", "postgresql://app:s3cret@db:54x2/app")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "CORRELATION_DATABASE__URL" in str(info.value) and "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgres://app@db/app", "postgresql://app@db:5432/app", "postgresql+psycopg2://app@db/app"]
+)
+def test_postgres_urls_of_every_spelling_are_accepted(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("CORRELATION_DATABASE__URL", url)
+    assert load_settings().database.url == url
+
+
+def test_a_per_name_override_is_checked_merged_with_the_global_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRELATION_POLICIES", '{"invoice.sent": {"backoff_unit": "PT5H"}}')
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == (
+        "invalid setting CORRELATION_POLICIES[invoice.sent].backoff_cap: PT3H is below the backoff unit PT5H, so "
+        "every delay would be the cap; use a cap at least as long as the unit "
+        "(inherited from CORRELATION_POLICY__BACKOFF_CAP)"
+    )
+
+
+@pytest.mark.parametrize("override", ['{"backoff_cap": "PT0S"}', '{"handler_timeout": "PT0S"}'])
+def test_a_per_name_override_cannot_zero_what_the_global_policy_refuses(
+    monkeypatch: pytest.MonkeyPatch, override: str
+) -> None:
+    monkeypatch.setenv("CORRELATION_POLICIES", f'{{"x": {override}}}')
+    with pytest.raises(ConfigError, match=r"CORRELATION_POLICIES\[x\]\.\w+: PT0S"):
+        load_settings()
 
 
 def test_unknown_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,10 +165,31 @@ def test_malformed_json_setting_is_reported(monkeypatch: pytest.MonkeyPatch) -> 
         load_settings()
 
 
-def test_the_password_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CORRELATION_DATABASE__URL", "postgresql+psycopg://app:s3cret@db:5432/app")
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app:s3cret@db:5432/app",
+        "postgres://app@db:5432/app?password=s3cret",
+        "postgresql://app@db/app?sslmode=require&PASSWORD=s3cret",
+    ],
+)
+def test_the_password_is_never_shown(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("CORRELATION_DATABASE__URL", url)
     shown = str(load_settings().redacted())
     assert "s3cret" not in shown and "***" in shown
+
+
+def test_credentials_of_http_routes_are_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    route = {
+        "type": "http",
+        "url": "https://bot:s3cret1@engine.example/api?token=s3cret2&tenant=acme",
+        "headers": {"Authorization": "Bearer s3cret3", "X-Api-Key": "s3cret4", "X-Tenant": "acme"},
+    }
+    monkeypatch.setenv("CORRELATION_CORRELATORS", json.dumps({"*": route}))
+    shown = load_settings().redacted()["correlators"]["*"]
+    assert "s3cret" not in shown
+    assert "bot:***@engine.example" in shown and "token=***&tenant=acme" in shown
+    assert '"Authorization": "***"' in shown and '"X-Api-Key": "***"' in shown and '"X-Tenant": "acme"' in shown
 
 
 def test_a_toml_file_is_read_and_the_environment_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -130,3 +221,14 @@ def test_unrelated_variables_with_the_prefix_pass(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CORRELATION_WORKER_SERVICE_HOST", "10.0.0.1")  # a Kubernetes service link
     monkeypatch.setenv("CORRELATION_TEST_DATABASE_URL", "postgresql://x")  # the test suite's own
     assert load_settings().poll.page_size == 100
+
+
+async def _async_handler(message: object) -> None:
+    return None
+
+
+def test_an_async_handler_is_refused_when_its_route_is_built() -> None:
+    from worker.correlators import Router
+
+    with pytest.raises(ConfigError, match=r"CORRELATION_CORRELATORS\[\*\].*async function"):
+        Router.from_settings({"*": "tests.unit.test_config:_async_handler"})

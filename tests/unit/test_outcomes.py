@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from tests.unit.factories import T0, message, seconds
 from worker.config import Policy
-from worker.policy.outcomes import HandlerTimeout, Kind, PermanentError, Reschedule, Retry, describe_exception, resolve
+from worker.policy.outcomes import (
+    HandlerTimeout,
+    Kind,
+    PermanentError,
+    Reschedule,
+    Retry,
+    UnexpectedReturn,
+    describe_exception,
+    interpret_return,
+    resolve,
+)
 
 POLL = seconds(6)
 EXAMPLE = Policy(
@@ -86,3 +98,43 @@ def test_backoff_delays_of_a_policy_with_full_jitter_stay_in_range() -> None:
 
 def test_error_text_never_carries_a_nul_byte() -> None:
     assert "\x00" not in describe_exception(RuntimeError("binary \x00 body"))
+
+
+# -- what a returned value means ---------------------------------------------------------------------------
+
+
+def test_none_and_true_are_success() -> None:
+    assert interpret_return(None) is None
+    assert interpret_return(True) is None
+
+
+def test_false_is_a_retry() -> None:
+    outcome = interpret_return(False)
+    assert isinstance(outcome, Retry) and "returned False" in str(outcome)
+
+
+def test_a_returned_outcome_is_that_outcome() -> None:
+    reschedule = Reschedule("not yet", timedelta(seconds=5))
+    assert interpret_return(reschedule) is reschedule
+    assert isinstance(interpret_return(PermanentError), PermanentError)
+    assert isinstance(interpret_return(Retry), Retry)
+
+
+@pytest.mark.parametrize("value", [(False, "not ready"), "ok", 0, 1, {"status": "done"}, [], object()])
+def test_any_other_value_is_refused_as_dead_naming_its_type_never_taken_for_success(value: object) -> None:
+    outcome = interpret_return(value)
+    assert isinstance(outcome, UnexpectedReturn) and isinstance(outcome, PermanentError)
+    assert type(value).__name__ in str(outcome)
+    resolved = resolve(message(1), outcome, Policy(), T0, seconds(6))
+    assert resolved.kind is Kind.DEAD and resolved.last_error is not None
+    assert "return None (success) or False (retry)" in resolved.last_error
+
+
+def test_a_coroutine_from_an_async_handler_is_refused_and_closed() -> None:
+    async def handler() -> None:
+        return None
+
+    coroutine = handler()
+    outcome = interpret_return(coroutine)
+    assert isinstance(outcome, UnexpectedReturn) and "async" in str(outcome)
+    assert coroutine.cr_frame is None  # closed: no "never awaited" warning

@@ -48,7 +48,13 @@ def message_as_dict(message: Message) -> dict[str, Any]:
 
 
 def status(store: Store) -> dict[str, Any]:
-    """Counts by state and the oldest eligible message's age."""
+    """The table and the cluster at a glance, each number under a name that says what it counts.
+
+    ``messages_by_state``: rows by state (``waiting``: ready, due later; ``expired``: past ``expires_at``,
+    awaiting cleanup) and their ``total``. ``oldest_eligible_age_seconds``: how long the oldest message that
+    could be correlated now has waited (None: none). ``slots``: how many slots hints are spread over;
+    ``slots_per_replica``: how many of them each live replica holds a lease on.
+    """
     oldest = store.messages_oldest_eligible(range(store.slot_count), Mode.FAIL_FIRST)
     counts: StateCounts = store.messages_count_by_state(oldest)
     age: timedelta | None = counts.oldest_eligible_age
@@ -57,14 +63,17 @@ def status(store: Store) -> dict[str, Any]:
         if lock.name.startswith(SLOT_PREFIX):
             replicas[lock.locked_by] = replicas.get(lock.locked_by, 0) + 1
     return {
-        "replicas": dict(sorted(replicas.items())),  # live holders of slot leases and how many each holds
-        "ready": counts.ready,
-        "waiting": counts.waiting,
-        "paused": counts.paused,
-        "dead": counts.dead,
-        "expired": counts.expired,
-        "total": counts.total,
+        "messages_by_state": {
+            "ready": counts.ready,
+            "waiting": counts.waiting,
+            "paused": counts.paused,
+            "dead": counts.dead,
+            "expired": counts.expired,
+            "total": counts.total,
+        },
         "oldest_eligible_age_seconds": None if age is None else round(age.total_seconds(), 3),
+        "slots": store.slot_count,
+        "slots_per_replica": dict(sorted(replicas.items())),
     }
 
 

@@ -17,6 +17,7 @@ from worker.correlators.http import HttpCorrelator
 from worker.correlators.log import LogCorrelator
 from worker.correlators.python import load_callable
 from worker.message import Message
+from worker.redact import redact_route
 
 Correlator = Callable[[Message], object]
 FALLBACK = "*"
@@ -33,22 +34,15 @@ class Router:
     def from_settings(cls, specs: Mapping[str, str | Mapping[str, Any]]) -> Router:
         """Build every route now; an unknown kind or an unimportable handler is a ConfigError."""
         routes = {name: _build(name, spec) for name, spec in specs.items()}
-        return cls(routes, {name: _describe(spec) for name, spec in specs.items()})
+        return cls(routes, {name: redact_route(spec) for name, spec in specs.items()})
 
     def route(self, message_name: str) -> Correlator | None:
         """The correlator for this name, the fallback, or None when neither is configured."""
         return self._routes.get(message_name) or self._routes.get(FALLBACK)
 
     def describe(self) -> dict[str, str]:
-        """The routes as text, for check-config and logs."""
+        """The routes as text, for check-config and logs, with every credential hidden."""
         return dict(self._descriptions)
-
-
-def _describe(spec: str | Mapping[str, Any]) -> str:
-    if isinstance(spec, str):
-        return spec
-    shown = {k: v for k, v in spec.items() if k != "headers"}  # headers may carry credentials
-    return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
 def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:

@@ -21,6 +21,7 @@ import httpx
 from worker.config import ConfigError, parse_duration
 from worker.message import Message
 from worker.policy.outcomes import PermanentError, Retry
+from worker.redact import redact_text, redact_url
 
 NOT_WAITING_MARKERS = ("no process definition or execution matches", "cannot correlate message")
 BODY_HEAD = 500
@@ -79,6 +80,8 @@ class HttpCorrelator:
     ) -> None:
         self.preset = preset
         self.url = url.rstrip("/") + "/message" if preset == "camunda7" else url
+        # What errors (and so last_error and the logs) name: the URL without its credentials.
+        self.shown_url = redact_url(self.url)
         self.client = client or httpx.Client(timeout=timeout.total_seconds(), headers=dict(headers or {}))
 
     @classmethod
@@ -94,6 +97,8 @@ class HttpCorrelator:
             timeout = parse_duration(spec.get("timeout", "PT10S"))
         except ValueError as error:
             raise ConfigError(f"invalid setting {setting}: timeout {error}") from None
+        if timeout <= timedelta(0):
+            raise ConfigError(f"invalid setting {setting}: timeout PT0S would fail every call at once; use e.g. PT10S")
         headers = spec.get("headers") or {}
         if not isinstance(headers, dict):
             raise ConfigError(f"invalid setting {setting}: 'headers' must be an object")
@@ -107,18 +112,18 @@ class HttpCorrelator:
                 self.url, content=json.dumps(body), headers={"Content-Type": "application/json"}
             )
         except httpx.TimeoutException as error:
-            raise Retry(f"POST {self.url} timed out: {error}") from None
+            raise Retry(f"POST {self.shown_url} timed out: {redact_text(str(error))}") from None
         except httpx.TransportError as error:
-            raise Retry(f"POST {self.url} failed: {error}") from None
+            raise Retry(f"POST {self.shown_url} failed: {redact_text(str(error))}") from None
         status = response.status_code
         if 200 <= status < 300:
             return
         head = response.text[:BODY_HEAD]
         if status >= 500 or status in (408, 429):
-            raise Retry(f"POST {self.url} answered {status}: {head}")
+            raise Retry(f"POST {self.shown_url} answered {status}: {head}")
         if self.preset == "camunda7" and status == 400 and any(m in head.lower() for m in NOT_WAITING_MARKERS):
             raise Retry(f"no process is waiting for {message.name!r} with business key {message.hint!r} yet: {head}")
-        raise PermanentError(f"POST {self.url} answered {status}: {head}")
+        raise PermanentError(f"POST {self.shown_url} answered {status}: {head}")
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from worker.message import Message
+from worker.service.logs import log_fields
 
 logger = logging.getLogger("worker.correlators.log")
 
@@ -20,6 +24,18 @@ class LogCorrelator:
             message.hint,
             message.id,
             message.attempt,
-            dict(message.payload) if hasattr(message.payload, "items") else message.payload,
-            extra={"message_name": message.name, "message_row_id": message.id},
+            _json(message.payload),
+            extra=log_fields(message),
         )
+
+
+def _json(value: Any) -> str:
+    """The payload as JSON text (the log line bounds its length: a huge payload is cut, marked)."""
+    return json.dumps(value, ensure_ascii=False, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    """Read-only payload values (mappings, tuples) back to JSON-ready ones."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    return str(value)

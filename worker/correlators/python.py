@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -27,5 +28,10 @@ def load_callable(spec: str, setting: str) -> Callable[[Any], object]:
             ) from None
     if not callable(target):
         raise ConfigError(f"invalid setting {setting}: {spec!r} is not callable")
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__):
+        raise ConfigError(
+            f"invalid setting {setting}: {spec!r} is an async function; correlators are called on worker "
+            "threads and must be plain functions"
+        )
     handler: Callable[[Any], object] = target
     return handler

@@ -5,9 +5,10 @@ message table, for producers, the engine and operators), :mod:`worker.db.locks` 
 the tables that follow; :class:`worker.db.store.Store` puts them together. They return the project's own
 frozen values, never driver rows.
 
-Driver errors are translated at this boundary: an unreachable database becomes :class:`DatabaseUnavailable`,
-a statement that waited too long for a lock or ran too long (or lost a deadlock) :class:`DatabaseBusy`, a row
-the schema refuses :class:`MessageRejected`. The first two are transient: the caller tries again later.
+Driver errors are translated at this boundary, by :mod:`worker.db.errors`: an unreachable database becomes
+:class:`~worker.db.errors.DatabaseUnavailable`, a statement that waited too long for a lock or ran too long
+(or lost a deadlock) :class:`~worker.db.errors.DatabaseBusy`, a row the schema refuses
+:class:`~worker.db.errors.MessageRejected`. The first two are transient: the caller tries again later.
 
 PostgreSQL sessions run with the settings' ``lock_timeout`` and ``statement_timeout``, TCP keepalives, and the
 time zone UTC (so that every time the schema accepts can be read). SQLite write transactions start with
@@ -18,7 +19,6 @@ the same lock it writes under.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,42 +27,14 @@ from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.exc import InterfaceError as SAInterfaceError
+from sqlalchemy.exc import DBAPIError
 
 from worker.config import DatabaseSettings
+from worker.db.errors import translate
 from worker.db.schema import current_revision, head_revision, migrate
 from worker.message import MessageState
 
 T = TypeVar("T")
-
-
-class StoreError(Exception):
-    """A database operation failed; the message says what and how to fix it."""
-
-
-class DatabaseUnavailable(StoreError):
-    """The database cannot be reached (or the connection broke); retry later."""
-
-
-class DatabaseBusy(StoreError):
-    """A statement waited too long for a lock, ran past its timeout, or lost a deadlock; retry later."""
-
-
-class MessageRejected(StoreError):
-    """The schema refused a row; ``constraint`` names the rule it broke."""
-
-    def __init__(self, message: str, constraint: str | None = None) -> None:
-        super().__init__(message)
-        self.constraint = constraint
-
-
-class LeaseLost(StoreError):
-    """A fenced write found that this replica no longer holds the lease; nothing was written."""
-
-
-class InvalidLockName(StoreError, ValueError):
-    """A lock name (or holder) that the lock table cannot store as given; it is never truncated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,44 +100,6 @@ class NewMessage:
     time_to_live: timedelta | None = None
     expires_at: datetime | None = None
     created_at: datetime | None = None  # None: the database's now()
-
-
-# SQLSTATEs of a statement that waited or ran too long, or lost to a concurrent transaction: transient.
-_BUSY_STATES = {
-    "55P03": "a lock wait exceeded lock_timeout",
-    "57014": "a statement exceeded statement_timeout",
-    "40P01": "a deadlock was detected",
-    "40001": "a serialization conflict",
-}
-_CONSTRAINT = re.compile(r'constraint "?([a-z_0-9]+)"?', re.IGNORECASE)
-_SQLITE_CHECK = re.compile(r"CHECK constraint failed: ([a-z_0-9]+)", re.IGNORECASE)
-
-
-def _detail(error: DBAPIError) -> str:
-    return str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
-
-
-def _sqlstate(error: DBAPIError) -> str | None:
-    return getattr(error.orig, "sqlstate", None)
-
-
-def translate(error: DBAPIError) -> StoreError | None:
-    """The project's error for a driver error, or None when it is not one the caller can act on."""
-    if isinstance(error, IntegrityError):
-        detail = _detail(error)
-        match = _SQLITE_CHECK.search(detail) or _CONSTRAINT.search(detail)
-        constraint = match.group(1) if match else None
-        if "UNIQUE" in detail.upper() or "duplicate key" in detail:
-            constraint = constraint or "correlation_message_message_id_key"
-        return MessageRejected(f"the database refused the message: {detail}", constraint)
-    state = _sqlstate(error)
-    if state in _BUSY_STATES:
-        return DatabaseBusy(f"database busy ({_BUSY_STATES[state]}): {_detail(error)}")
-    if "database is locked" in _detail(error):  # SQLite: another process held the write lock past busy_timeout
-        return DatabaseBusy(f"database busy: {_detail(error)}")
-    if isinstance(error, OperationalError | SAInterfaceError) or error.connection_invalidated:
-        return DatabaseUnavailable(f"database unavailable: {_detail(error)}")
-    return None
 
 
 _JSON_DECODER = json.JSONDecoder()

@@ -18,7 +18,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 from sqlalchemy.sql.expression import TextualSelect
 
-from worker.db.base import DatabaseBusy, Fence, InvalidLockName, LeaseLost, LockRow, StoreBase, StoreError
+from worker.db.base import Fence, LockRow, StoreBase
+from worker.db.errors import DatabaseBusy, InvalidLockName, LeaseLost, StoreError
 from worker.db.schema import LOCK_NAME_MAX_LENGTH, UtcDateTime, lock_table
 
 

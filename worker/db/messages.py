@@ -38,19 +38,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement, TextClause
 
 from worker.config import Mode
-from worker.db.base import (
-    DatabaseBusy,
-    DatabaseUnavailable,
-    Fence,
-    LeaseLost,
-    MessageFilter,
-    NewMessage,
-    StateCounts,
-    StoreBase,
-    StoreError,
-    json_loads,
-    translate,
-)
+from worker.db.base import Fence, MessageFilter, NewMessage, StateCounts, StoreBase, json_loads
+from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost, StoreError, translate
 from worker.db.schema import NOTIFY_CHANNEL, UtcDateTime, message_table, pause_table
 from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Message, MessageState
 from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, storable_text
@@ -522,6 +511,22 @@ _COUNT_BY_STATE = text(
     """
 ).bindparams(bindparam("now", type_=UtcDateTime()))
 
+# The same census per message name, for the backlog gauge (bounded to the largest names by the caller).
+_COUNT_BY_NAME_AND_STATE = text(
+    """
+    SELECT message_name,
+      sum(CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 1 ELSE 0 END) AS expired,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
+                    AND (next_attempt_at IS NULL OR next_attempt_at <= :now) THEN 1 ELSE 0 END) AS ready,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
+                    AND next_attempt_at > :now THEN 1 ELSE 0 END) AS waiting,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'paused' THEN 1 ELSE 0 END) AS paused,
+      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'dead' THEN 1 ELSE 0 END) AS dead
+    FROM correlation_message
+    GROUP BY message_name
+    """
+).bindparams(bindparam("now", type_=UtcDateTime()))
+
 _DELETE_EXPIRED = text(
     """
     DELETE FROM correlation_message WHERE id IN (
@@ -957,6 +962,12 @@ class MessageStatements(StoreBase):
         row = self._run(lambda c: c.execute(statement).first())
         return None if row is None else message_of_row(row)
 
+    def messages_get_by_message_id(self, message_id: str) -> Message | None:
+        """One message by the producer's ``message_id`` (unique)."""
+        statement = select(message_table).where(message_table.c.message_id == message_id)
+        row = self._run(lambda c: c.execute(statement).first())
+        return None if row is None else message_of_row(row)
+
     def messages_list(self, selection: MessageFilter, *, after: int = 0, limit: int = 50) -> list[Message]:
         """Messages matching the filter, in id order, from a keyset position."""
         statement = (
@@ -983,6 +994,21 @@ class MessageStatements(StoreBase):
                 expired=row.expired or 0,
                 oldest_eligible_age=age,
             )
+
+        return self._run(work)
+
+    def messages_count_by_name_and_state(self) -> dict[tuple[str, str], int]:
+        """Non-zero counts by (message_name, state), the states of :meth:`messages_count_by_state`."""
+
+        def work(connection: Connection) -> dict[tuple[str, str], int]:
+            now = self._now(connection)
+            counts: dict[tuple[str, str], int] = {}
+            for row in connection.execute(_COUNT_BY_NAME_AND_STATE, {"now": now}):
+                for state in ("ready", "waiting", "paused", "dead", "expired"):
+                    count = int(getattr(row, state) or 0)
+                    if count:
+                        counts[(row.message_name, state)] = count
+            return counts
 
         return self._run(work)
 

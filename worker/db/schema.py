@@ -33,6 +33,9 @@ from sqlalchemy.dialects.postgresql import INTERVAL, JSONB, TIMESTAMP
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.types import TypeEngine
 
+from worker import __version__
+from worker.db.errors import SchemaTooNew
+
 VERSION_TABLE = "correlation_schema_version"
 SLOT_COUNT = 64  # fixed by the schema: slot = hash(correlation_hint) mod 64 on PostgreSQL
 SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
@@ -177,6 +180,25 @@ def head_revision() -> str:
     return head
 
 
+def known_revisions() -> set[str]:
+    """Every schema revision this version ships."""
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def check_revision_known(revision: str | None) -> None:
+    """Raise :class:`SchemaTooNew` when the database is at a revision this version does not ship.
+
+    That happens after a rollback of the worker to an older release: its ``migrate`` cannot go back, and its
+    statements may not fit the newer tables.
+    """
+    if revision is not None and revision not in known_revisions():
+        raise SchemaTooNew(
+            f"the database schema is at revision {revision!r}, which this version of correlation-worker "
+            f"({__version__}, schema {head_revision()}) does not know: a newer release migrated it; run that "
+            "release (this one can neither use nor downgrade the schema)"
+        )
+
+
 def current_revision(connection: Connection) -> str | None:
     """The schema revision the database is at (None: never migrated)."""
     return MigrationContext.configure(
@@ -193,6 +215,7 @@ def migrate(engine: Engine) -> tuple[str | None, str]:
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('correlation-worker migrate'))"))
         before = current_revision(connection)
+        check_revision_known(before)
         command.upgrade(alembic_config(connection), "head")
         after = current_revision(connection)
     assert after is not None

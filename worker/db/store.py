@@ -3,7 +3,7 @@
 Methods read noun-then-verb (``messages_fetch_batches``, ``lock_try_acquire``) and return the project's own
 frozen values, never driver rows. The statements live by table: :mod:`worker.db.messages` (messages and
 durable pauses) and :mod:`worker.db.locks` (leases and named locks); the plumbing, the clock and the
-translation of driver errors are in :mod:`worker.db.base`.
+translation of driver errors are in :mod:`worker.db.base` and :mod:`worker.db.errors`.
 """
 
 from __future__ import annotations
@@ -11,20 +11,19 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from worker.config import DatabaseSettings
-from worker.db.base import (
+from worker.db.base import Fence, LockRow, MessageFilter, NewMessage, StateCounts, build_engine, normalise_url
+from worker.db.errors import (
+    AuthenticationFailed,
+    DatabaseAccessDenied,
     DatabaseBusy,
     DatabaseUnavailable,
-    Fence,
     InvalidLockName,
     LeaseLost,
-    LockRow,
-    MessageFilter,
     MessageRejected,
-    NewMessage,
-    StateCounts,
+    PermissionDenied,
+    SchemaTooNew,
     StoreError,
-    build_engine,
-    normalise_url,
+    ValueRefused,
 )
 from worker.db.locks import HOLDER_MAX_LENGTH, LockStatements
 from worker.db.messages import MessageStatements
@@ -50,6 +49,8 @@ class Store(MessageStatements, LockStatements):
 
 __all__ = [
     "HOLDER_MAX_LENGTH",
+    "AuthenticationFailed",
+    "DatabaseAccessDenied",
     "DatabaseBusy",
     "DatabaseUnavailable",
     "Fence",
@@ -59,9 +60,12 @@ __all__ = [
     "MessageFilter",
     "MessageRejected",
     "NewMessage",
+    "PermissionDenied",
+    "SchemaTooNew",
     "StateCounts",
     "Store",
     "StoreError",
+    "ValueRefused",
     "build_engine",
     "normalise_url",
 ]

@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from worker.db.base import DatabaseBusy, DatabaseUnavailable, Fence
+from worker.db.base import Fence
+from worker.db.errors import DatabaseBusy, DatabaseUnavailable
 from worker.db.messages import FlushOutcome, InFlight, SlotWrite
 from worker.db.store import Store
 from worker.message import Message

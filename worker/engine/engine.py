@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from worker.config import Settings
+from worker.config import Settings, format_duration
 from worker.correlators import Router
-from worker.db.base import DatabaseBusy, DatabaseUnavailable, Fence, LeaseLost
+from worker.db.base import Fence
+from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost
 from worker.db.messages import Candidates, HorizonReading, LostCall, Pause, Unreadable
 from worker.db.store import Store
 from worker.engine.committer import Committer
@@ -509,7 +510,7 @@ class Engine:
             logger.warning(
                 "%d producer transaction(s) open longer than order.max_wait (%s) no longer hold back later "
                 "messages; an earlier message of theirs may be correlated after a later one of its hint",
-                result.passed_over, self.settings.order.max_wait,
+                result.passed_over, format_duration(self.settings.order.max_wait),
             )
         self._horizon = (now, result)
         return result

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from worker.config import Mode, Policy, Settings
+from worker.config import Mode, Policy, Settings, format_duration
 from worker.correlators import Router
 from worker.db.base import Fence
 from worker.engine.committer import Committer, Outcomes
@@ -41,8 +41,10 @@ from worker.policy.outcomes import (
     Kind,
     PermanentError,
     first_line,
+    interpret_return,
     resolve,
 )
+from worker.service.logs import log_fields
 from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -449,8 +451,8 @@ class Lanes:
             returned = correlator(message)
         except BaseException as error:  # any handler exception (even SystemExit) is an outcome, never a crash
             return error
-        # A handler may also return an outcome (Retry, PermanentError, Reschedule) instead of raising it.
-        return returned if isinstance(returned, BaseException) else None
+        # What a returned value means (an outcome, False, or a value that is refused): worker.policy.outcomes.
+        return interpret_return(returned)
 
     def tally(self) -> Counter[str]:
         """Outcomes of calls so far, by outcome."""
@@ -496,7 +498,7 @@ class Lanes:
         work.pending.clear()
         work.stopped = True
         policy = self._policy(message.name)
-        error = HandlerTimeout(f"the correlator did not return within {policy.handler_timeout}")
+        error = HandlerTimeout(f"the correlator did not return within {format_duration(policy.handler_timeout)}")
         disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
         lane.done.append((message, disposition))
         _log_failure(message, disposition, error)
@@ -507,7 +509,7 @@ class Lanes:
             self._spawn()
             logger.warning(
                 "message %s: the correlator did not return within %s; its hint waits for the call, a new lane "
-                "replaces this one (%d call(s) stuck)", message.id, policy.handler_timeout, self._hung,
+                "replaces this one (%d call(s) stuck)", message.id, format_duration(policy.handler_timeout), self._hung,
                 extra=_fields(message),
             )
         else:
@@ -519,8 +521,7 @@ class Lanes:
 
 def _fields(message: Message) -> dict[str, object]:
     """Structured log fields of a message (never its payload)."""
-    return {"message_name": message.name, "id": message.id, "message_id": message.message_id,
-            "hint": message.hint, "slot": message.slot, "attempt": message.attempt}
+    return log_fields(message)
 
 
 def _log_failure(message: Message, disposition: Disposition, error: BaseException | None) -> None:
@@ -532,5 +533,8 @@ def _log_failure(message: Message, disposition: Disposition, error: BaseExceptio
         level,
         "%s id=%s hint=%s: %s (attempt %d, next %s): %s",
         message.name, message.id, message.hint, disposition.outcome, disposition.attempt, due, reason,
-        extra={**_fields(message), "outcome": disposition.outcome, "next_attempt_at": due},
+        extra=log_fields(
+            message, attempt=disposition.attempt, outcome=disposition.outcome,
+            next_attempt_at=disposition.next_attempt_at, error=error,
+        ),
     )

@@ -55,6 +55,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from worker.config import format_duration
 from worker.db.store import Fence, LeaseLost, LockRow, Store, StoreError
 from worker.policy.balance import balance
 from worker.service.metrics import Metrics
@@ -89,7 +90,7 @@ def member_lock_name(holder: str) -> str:
 
 
 def _seconds(duration: timedelta) -> str:
-    return f"{duration.total_seconds():g}s"
+    return format_duration(duration)  # the settings' own format: PT5S
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +329,7 @@ class SlotLeaser:
                     del self._leases[lease.slot]
         if lost:
             self.metrics.lease_losses.inc(len(lost))
-            logger.warning("lost the lease of slots %s (expired or taken over)", lost)
+            logger.warning("lost the lease of slots %s (expired or taken over)", sorted(lost))
         return len(kept), len(lost)
 
     def _keep_membership(self) -> None:

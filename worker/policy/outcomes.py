@@ -6,14 +6,20 @@ A handler returns (success) or raises:
 - :class:`PermanentError`: dead at once, no retries;
 - :class:`Reschedule`: try again after a delay without counting an attempt.
 
-:func:`resolve` turns that into a :class:`Disposition` for the store to write. It never raises and always
-produces values the schema accepts, whatever the handler handed back: a delay of a wrong type or one that
-overflows, an exception whose ``str()`` raises, text a database cannot store. One message's outcome can
+What a handler *returns* is read by :func:`interpret_return`: ``None`` and ``True`` are success, ``False`` a
+retry, an outcome (an exception instance or class) that outcome, and anything else is refused: the message is
+dead with a reason naming the returned type, because a message is deleted on success and a value the worker
+cannot read must never be taken for one (``return (False, "not ready")`` would otherwise lose the message).
+
+:func:`resolve` turns the outcome into a :class:`Disposition` for the store to write. It never raises and
+always produces values the schema accepts, whatever the handler handed back: a delay of a wrong type or one
+that overflows, an exception whose ``str()`` raises, text a database cannot store. One message's outcome can
 therefore never keep the outcomes of others from being recorded.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import traceback
@@ -111,6 +117,43 @@ def _safe_str(error: BaseException) -> str:
         return str(error)
     except BaseException as failure:  # a handler's exception whose __str__ itself fails
         return f"<str() of the exception raised {type(failure).__name__}>"
+
+
+class UnexpectedReturn(PermanentError):
+    """The correlator returned a value that is neither None, a bool nor an outcome."""
+
+
+def interpret_return(value: object) -> BaseException | None:
+    """What a correlator's return value means: None for success, else the outcome as an exception.
+
+    ``None`` or ``True``: success. ``False``: a failed attempt (:class:`Retry`). An exception instance (or an
+    exception class, returned by mistake instead of raised): that outcome. A coroutine (an ``async def``
+    handler) never ran: dead, as is any other value, with a reason naming its type.
+    """
+    if value is None or value is True:
+        return None
+    if value is False:
+        return Retry("the correlator returned False")
+    if isinstance(value, BaseException):
+        return value
+    if isinstance(value, type) and issubclass(value, Exception):
+        try:
+            return value(f"the correlator returned {value.__name__} instead of raising it")
+        except Exception:  # an exception class that needs other arguments
+            return UnexpectedReturn(f"the correlator returned the class {value.__name__}; raise an instance of it")
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited: close it quietly, the reason below says what happened
+        return UnexpectedReturn(
+            "the correlator returned a coroutine: async handlers are not supported; use a plain function"
+        )
+    if inspect.isawaitable(value):
+        return UnexpectedReturn(
+            f"the correlator returned an awaitable ({type(value).__name__}): async handlers are not supported"
+        )
+    return UnexpectedReturn(
+        f"the correlator returned a value of type {type(value).__name__}; return None (success) or False "
+        "(retry), or raise Retry, Reschedule or PermanentError"
+    )
 
 
 def describe_exception(error: BaseException, limit: int = ERROR_HEAD_LIMIT) -> str:

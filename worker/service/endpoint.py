@@ -7,7 +7,9 @@ the engine can still take work (calls stuck past their timeout do not hold every
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +36,39 @@ class Heartbeat:
     def age(self) -> float:
         """Seconds since the last tick."""
         return self._monotonic() - self._last
+
+
+class EndpointError(Exception):
+    """The metrics endpoint cannot be served as configured; the message names the setting to change."""
+
+
+PORT_SETTING = "CORRELATION_METRICS__PORT"
+HOST_SETTING = "CORRELATION_METRICS__HOST"
+
+
+def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """The HTTP server bound to host:port, or an EndpointError naming the setting to fix."""
+    try:
+        return ThreadingHTTPServer((host, port), handler)
+    except socket.gaierror as error:
+        raise EndpointError(
+            f"cannot serve metrics: the host {host!r} of {HOST_SETTING} does not resolve ({error.strerror}); "
+            "use an address of this machine, or 0.0.0.0 for all of them"
+        ) from None
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            reason = f"port {port} on {host} is already in use by another process"
+            fix = f"stop it, or choose another port with {PORT_SETTING} (0 picks a free one)"
+        elif error.errno == errno.EACCES:
+            reason = f"port {port} needs privileges this process does not have"
+            fix = f"choose a port above 1023 with {PORT_SETTING}"
+        elif error.errno == errno.EADDRNOTAVAIL:
+            reason = f"{host!r} is not an address of this machine"
+            fix = f"fix {HOST_SETTING} (0.0.0.0 listens on every address)"
+        else:
+            reason = f"{host}:{port}: {error.strerror or error}"
+            fix = f"check {HOST_SETTING} and {PORT_SETTING}"
+        raise EndpointError(f"cannot serve metrics: {reason} ({PORT_SETTING}={port}); {fix}") from None
 
 
 class Endpoint:
@@ -81,7 +116,7 @@ class Endpoint:
             def log_message(self, format: str, *args: object) -> None:
                 return
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _bind(host, port, Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name="endpoint", daemon=True)

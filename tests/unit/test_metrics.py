@@ -1,0 +1,48 @@
+"""Metrics hygiene: bounded message-name labels, no *_created series, the standard process collectors."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from worker.service.metrics import OTHER, Metrics, NameLabels, top_names
+
+
+def test_the_first_names_keep_their_label_and_the_rest_are_other() -> None:
+    labels = NameLabels(limit=2)
+    assert [labels.label(name) for name in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER, "a", OTHER]
+
+
+def test_the_backlog_keeps_the_largest_names_and_sums_the_rest_as_other() -> None:
+    counts = {
+        ("big", "ready"): 100, ("big", "dead"): 1, ("mid", "ready"): 10, ("small", "dead"): 2, ("tiny", "ready"): 1
+    }
+    assert top_names(counts, limit=2) == {
+        ("big", "ready"): 100,
+        ("big", "dead"): 1,
+        ("mid", "ready"): 10,
+        (OTHER, "dead"): 2,
+        (OTHER, "ready"): 1,
+    }
+
+
+def test_the_registry_has_process_collectors_and_no_created_series() -> None:
+    metrics = Metrics()
+    metrics.messages.labels("order.paid", "success").inc()
+    metrics.observe_call("order.paid", 0.01)
+    text = generate_latest(metrics.registry).decode()
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                 "process_start_time_seconds"):
+        assert f"\n{name} " in text, name
+    assert "_created" not in text
+    assert 'correlation_call_duration_seconds_count{message_name="order.paid"} 1.0' in text
+
+
+def test_backlog_series_that_vanish_from_the_table_are_removed() -> None:
+    metrics = Metrics()
+    metrics.set_backlog([(("a", "ready"), 3), (("b", "dead"), 1)])
+    metrics.set_backlog([(("a", "ready"), 2)])
+    text = generate_latest(metrics.registry).decode()
+    assert 'correlation_backlog_messages{message_name="a",state="ready"} 2.0' in text
+    assert 'message_name="b"' not in text
+    metrics.clear_census()
+    assert "correlation_backlog_messages{" not in generate_latest(metrics.registry).decode()
