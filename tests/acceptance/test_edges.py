@@ -301,7 +301,7 @@ def test_huge_errors_and_payloads_make_bounded_lines_marked_as_cut(
     process = start_worker(pg_db, log__format=log_format, correlators=json.dumps(routes),
                            policy__backoff_unit="PT1H")
     failing = pg_db.insert("order.huge", "order-1", {})
-    logged = pg_db.insert("order.big", "order-2", {"blob": "y" * 10_000_000})
+    logged = pg_db.insert("order.big", "order-2", {"blob": "y" * 1_000_000})  # near the 1 MiB limit
     wait_until(
         lambda: pg_db.gone(logged) and (pg_db.message(failing) or {}).get("attempt") == 1,
         what="both messages handled",
