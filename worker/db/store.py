@@ -43,6 +43,7 @@ from sqlalchemy.sql import ColumnElement, TextClause
 from sqlalchemy.sql.expression import TextualSelect
 
 from worker.config import DatabaseSettings, Mode
+from worker.db.schedules import ScheduleStatements
 from worker.db.schema import (
     LOCK_NAME_MAX_LENGTH,
     SLOT_COUNT,
@@ -320,8 +321,9 @@ def build_engine(settings: DatabaseSettings) -> Engine:
     )
 
 
-class Store:
-    """Every statement against ``correlation_message`` and ``correlation_lock``."""
+class Store(ScheduleStatements):
+    """Every statement against ``correlation_message`` and ``correlation_lock`` (and, through
+    :class:`~worker.db.schedules.ScheduleStatements`, the schedules)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
