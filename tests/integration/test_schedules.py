@@ -240,6 +240,18 @@ def test_concurrent_fires_of_one_due_time_publish_once(store: Store, pg_url: str
     assert len(messages(store)) == 1
 
 
+def test_a_claim_gives_up_soon_behind_a_session_that_holds_the_row(store: Store) -> None:
+    schedule, plan = due_plan(store, add(store, cron="* * * * * ?"))
+    with store.engine.connect() as holder:
+        holder.execute(text("SELECT * FROM correlation_schedule WHERE name = 'nightly' FOR UPDATE"))
+        started = datetime.now(UTC)
+        outcome = store.schedule_fire(schedule, plan, UTC)
+        waited = datetime.now(UTC) - started
+        holder.rollback()
+    assert not outcome.claimed and timedelta(seconds=1) < waited < timedelta(seconds=10)
+    assert store.schedule_fire(schedule, plan, UTC).published  # the holder is gone: the claim goes through
+
+
 def test_a_singleton_skips_while_its_last_message_is_pending_and_fires_once_it_is_gone(any_store: Store) -> None:
     schedule, plan = due_plan(any_store, add(any_store, cron="* * * * * ?"))
     assert any_store.schedule_fire(schedule, plan, UTC).published

@@ -29,11 +29,13 @@ from sqlalchemy import (
     delete,
     exists,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql import ColumnElement
 
 from worker.db.schema import Document, UtcDateTime, message_table
@@ -48,6 +50,23 @@ from worker.policy.scheduling import (
 )
 
 T = TypeVar("T")
+
+# A scheduler statement never waits long behind another session's lock on a schedule row (a replica frozen in the
+# middle of a claim): after LOCK_TIMEOUT it gives up (a claim counts as lost to that replica), and a session idle
+# in a transaction that long is ended by the server, which frees the row. PostgreSQL only (SQLite has one writer).
+LOCK_TIMEOUT = "2s"
+IDLE_IN_TRANSACTION_TIMEOUT = "10s"
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout
+
+# Both settings for the rest of the transaction only (set_config's third argument: is_local).
+_BOUND_WAITS = text(
+    f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true),"
+    f" set_config('idle_in_transaction_session_timeout', '{IDLE_IN_TRANSACTION_TIMEOUT}', true)"
+)
+
+
+class _ClaimBusy(Exception):
+    """Another session holds the schedule's row past the lock timeout."""
 
 metadata = MetaData()
 
@@ -237,6 +256,20 @@ class ScheduleStatements:
 
         def _now(self, connection: Connection) -> datetime: ...
 
+    def _bound_waits(self, connection: Connection) -> None:
+        """Bound this transaction's waits for row locks, and its life should its client freeze mid-transaction."""
+        if self.dialect == "postgresql":
+            connection.execute(_BOUND_WAITS)
+
+    def _run_bounded(self, statement: Any) -> int:
+        """Run one scheduler statement with bounded waits; returns its row count."""
+
+        def work(connection: Connection) -> int:
+            self._bound_waits(connection)
+            return int(connection.execute(statement).rowcount)
+
+        return self._run(work)
+
     # -- reading ----------------------------------------------------------------------------------------------
 
     def schedules_snapshot(self) -> ScheduleSnapshot:
@@ -365,7 +398,7 @@ class ScheduleStatements:
             .where(planned, condition)
             .values(next_fire_at=None, planned_cron=None, planned_time_zone=None)
         )
-        return int(self._run(lambda c: c.execute(statement).rowcount))
+        return self._run_bounded(statement)
 
     def schedule_plan(self, schedule: Schedule, next_fire_at: datetime | None) -> bool:
         """Set the next fire time computed from the row as read (None: it has none left); False if the row changed
@@ -388,7 +421,7 @@ class ScheduleStatements:
                 invalid_reason=None,
             )
         )
-        return bool(self._run(lambda c: c.execute(statement).rowcount))
+        return bool(self._run_bounded(statement))
 
     def schedule_record_invalid(self, schedule: Schedule, reason: str) -> bool:
         """Record why a schedule cannot fire (and that it has no next fire time); True if the row changed, False if
@@ -408,7 +441,7 @@ class ScheduleStatements:
                 planned_time_zone=schedule.time_zone,
             )
         )
-        return bool(self._run(lambda c: c.execute(statement).rowcount))
+        return bool(self._run_bounded(statement))
 
     def schedule_fire(self, schedule: Schedule, plan: FirePlan, zone: tzinfo) -> FireOutcome:
         """Carry out a plan in one transaction: claim the due time (compare-and-set of ``next_fire_at``), count the
@@ -417,7 +450,13 @@ class ScheduleStatements:
         """
 
         def work(connection: Connection) -> FireOutcome:
-            claimed = connection.execute(_claim(schedule, plan)).first()
+            self._bound_waits(connection)
+            try:
+                claimed = connection.execute(_claim(schedule, plan)).first()
+            except OperationalError as error:
+                if getattr(error.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                    raise _ClaimBusy from None  # another replica is in the middle of firing it (or frozen there)
+                raise
             if claimed is None:
                 return FireOutcome(claimed=False)
             publish, skipped = list(plan.publish), []
@@ -452,7 +491,10 @@ class ScheduleStatements:
                 connection.execute(update(schedule_table).where(_s.name == schedule.name).values(**changes))
             return FireOutcome(True, tuple(published), tuple(skipped), tuple(duplicates), len(plan.misfired))
 
-        return self._run(work)
+        try:
+            return self._run(work)
+        except _ClaimBusy:
+            return FireOutcome(claimed=False)
 
     def schedule_fire_manual(self, name: str, action: FireAction, zone: tzinfo) -> PublishedMessage | None:
         """Publish a message of the schedule now, by hand (``action_type`` manual, singleton ignored); None if there
