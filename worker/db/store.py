@@ -2,7 +2,8 @@
 
 Methods read noun-then-verb (``messages_fetch_batches``, ``lock_try_acquire``) and return the project's own
 frozen values, never driver rows. The statements live by table: :mod:`worker.db.messages` (messages and
-durable pauses) and :mod:`worker.db.locks` (leases and named locks); the plumbing, the clock and the
+durable pauses), :mod:`worker.db.locks` (leases and named locks) and :mod:`worker.db.schedules` (schedules and
+the scheduler's switch); the plumbing, the clock and the
 translation of driver errors are in :mod:`worker.db.base` and :mod:`worker.db.errors`.
 """
 
@@ -27,10 +28,11 @@ from worker.db.errors import (
 )
 from worker.db.locks import HOLDER_MAX_LENGTH, LockStatements
 from worker.db.messages import MessageStatements
+from worker.db.schedules import ScheduleStatements
 from worker.db.schema import SLOT_COUNT
 
 
-class Store(MessageStatements, LockStatements):
+class Store(MessageStatements, LockStatements, ScheduleStatements):
     """Every statement correlation-worker runs, on one engine."""
 
     def __init__(self, engine: Engine) -> None:
