@@ -235,4 +235,4 @@ def _current_request(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def stop_at_teardown(stop: Callable[[], None]) -> None:
     """Call ``stop`` when the running test ends, before its fixtures (its database) are torn down."""
-    _REQUEST[-1].addfinalizer(stop)
+    _REQUEST[-1].node.addfinalizer(stop)  # the item's stack: runs before the fixtures set up earlier

@@ -149,11 +149,23 @@ class Worker:
     def readiness(self) -> str | None:
         """None when ready; otherwise why not (for /readyz)."""
         try:
-            if not self.store.schema_is_current():
-                return "database schema is not current: run `correlation-worker migrate`"
+            revision = self.store.schema_revision()
+            if revision is None:
+                return "the database has no correlation-worker schema: run `correlation-worker migrate`"
+            if revision != head_revision():
+                return (
+                    f"the database schema is at revision {revision}, this version needs {head_revision()}: "
+                    "run `correlation-worker migrate` (a newer schema needs a newer release)"
+                )
+            missing = self.store.privileges_missing()
+            if missing:
+                return (
+                    f"the database user lacks privileges the worker needs: {', '.join(missing)}; grant them "
+                    "(see the README's \"Database user\")"
+                )
         except StoreError as error:
             return str(error)
-        return None
+        return self.leaser.trouble()
 
     def health(self) -> str | None:
         """None when the replica can do its job; otherwise why not (for /healthz, beside the heartbeat)."""
@@ -267,7 +279,7 @@ class Worker:
             alive()
             try:
                 work()
-            except DatabaseUnavailable as error:
+            except StoreError as error:  # unavailable, busy, a login or privilege refused: one line, then again
                 self.metrics.database_errors.inc()
                 logger.warning("%s: %s", name, error)
             except Exception:  # a bug must not kill the loop; it is logged and the loop goes on

@@ -181,7 +181,7 @@ def wait_balanced(database: Database, replicas: Sequence[WorkerProcess]) -> None
 def test_replicas_drain_many_hints_once_each_in_order_with_no_two_calls_of_a_hint_at_once(
     pg_db: Database, start_replicas: StartReplicas
 ) -> None:
-    hints, per_hint = 500, 40
+    hints, per_hint = 200, 25
     replicas = start_replicas(pg_db, 4, poll__concurrency="2", **FAST_LEASES)
     wait_balanced(pg_db, replicas)
     insert_messages(pg_db, hints, per_hint)
@@ -198,7 +198,7 @@ def test_replicas_drain_many_hints_once_each_in_order_with_no_two_calls_of_a_hin
 def test_replicas_killed_mid_drain_lose_nothing_and_only_their_unrecorded_calls_are_delivered_again(
     pg_db: Database, start_replicas: StartReplicas
 ) -> None:
-    hints, per_hint, kills = 500, 60, 4
+    hints, per_hint, kills = 300, 30, 4
     settings = {"poll__concurrency": "2", **FAST_LEASES}
     alive = start_replicas(pg_db, 4, **settings)
     wait_balanced(pg_db, alive)

@@ -67,12 +67,16 @@ def test_a_session_holding_one_hints_rows_locked_past_a_lease_delays_that_hint_o
 ) -> None:
     replicas = start_replicas(pg_db, 2, **FAST_LEASES)
     wait_balanced(pg_db, replicas)
-    held = pg_db.insert("order.step", "order-held", {"seq": 0})
-    wait_until(lambda: pg_db.calls_of(held), what="the held hint's message called", workers=replicas)
     holder = psycopg.connect(pg_db.url.replace("postgresql+psycopg", "postgresql"))
     try:
+        held = holder.execute(  # due in a second: locked (below) long before it may be called
+            "INSERT INTO correlation_message (message_name, correlation_hint, payload, next_attempt_at) "
+            "VALUES ('order.step', 'order-held', '{\"seq\": 0}', now() + interval '1 second') RETURNING id"
+        ).fetchone()[0]  # type: ignore[index]
+        holder.commit()
         holder.execute("SELECT 1 FROM correlation_message WHERE id = %s FOR UPDATE", (held,))
         held_from = time.monotonic()
+        wait_until(lambda: pg_db.calls_of(held), what="the held hint's message called", workers=replicas)
         others = [pg_db.insert("order.step", f"order-{n}", {"seq": 0}) for n in range(200)]
         wait_until(lambda: pg_db.gone(*others), what="every other hint correlated", workers=replicas)
         assert time.monotonic() - held_from < LEASE * 3, "the other hints flowed while the row stayed locked"
@@ -106,7 +110,7 @@ def test_a_frozen_replicas_backlog_is_taken_over_and_worked_on_within_a_lease_an
 ) -> None:
     frozen, other = start_replicas(pg_db, 2, poll__concurrency="2", **FAST_LEASES)
     wait_balanced(pg_db, [frozen, other])
-    insert_messages(pg_db, 400, 50, sleep_seconds=0.005)  # a backlog on every slot
+    insert_messages(pg_db, 150, 8, sleep_seconds=0.005)  # a backlog on most slots
     wait_until(lambda: any(c.replica == frozen.name for c in pg_db.calls()), what="the frozen one at work",
                workers=[frozen])
     frozen_slots = {slot for slot, holder in slot_holders(pg_db).items() if holder == frozen.holder()}

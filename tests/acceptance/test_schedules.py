@@ -23,6 +23,7 @@ SETTINGS = {
     "lease__renew_interval": "PT1S",
     "lease__safety_margin": "PT0.5S",
     "lease__drain": "PT0.5S",
+    "policy__handler_timeout": "PT1S",  # a call must fit in the lease minus a renewal and the margin
     "policy__backoff_unit": "PT0.2S",
     "policy__backoff_cap": "PT0.2S",
     "correlators": json.dumps({"held.job": "schedule_handlers:hold_until_released", "*": "recorder:handle"}),

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -360,6 +361,49 @@ def test_readiness_follows_the_database_while_liveness_stays_green(
     wait_until(lambda: database.gone(*later), what="messages inserted after the restart", workers=[process])
     assert http_get(base + "/healthz") == (200, "ok\n")
     assert PASSWORD not in process.log()
+
+
+def readme_grants() -> list[str]:
+    """The GRANT statements of the README's "Database user" section."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("### Database user", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
+    statements = [line.split("--")[0].strip().rstrip(";") for line in section.splitlines()]
+    return [statement for statement in statements if statement.startswith("GRANT")]
+
+
+def test_a_user_allowed_only_to_read_is_not_ready_says_which_privileges_it_lacks_and_loses_nothing(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    pg_db.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        pg_db.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        url = make_url(pg_db.url).set(username=role).render_as_string(hide_password=False)
+        waiting = pg_db.insert("order.paid", "order-1", {})
+        process = start_worker(  # short lease rounds: the one after the grants takes the slots
+            pg_db, database__url=url, lease__duration="PT3S", lease__renew_interval="PT1S",
+            lease__safety_margin="PT0.5S", lease__drain="PT0.5S", policy__handler_timeout="PT1S",
+        )
+        base = endpoint(process)
+        status, reason = http_get(base + "/readyz")
+        assert status == 503 and len(lines(reason)) == 1, reason
+        for privilege in ("UPDATE on correlation_message", "DELETE on correlation_message",
+                          "INSERT on correlation_lock", "UPDATE on correlation_lock"):
+            assert privilege in reason, reason
+        wait_until(lambda: "permission denied" in process.log(), what="a lease round refused", workers=[process])
+        assert http_get(base + "/healthz")[0] == 200, "alive: a restart cannot grant a privilege"
+        assert pg_db.message(waiting) is not None and pg_db.calls() == []
+        assert "Traceback" not in process.log(), "each refusal is one line"
+
+        for grant in readme_grants():  # what the README says a replica's user needs is enough
+            pg_db.execute(grant.replace(" TO worker", f" TO {role}"))
+        wait_until(lambda: http_get(base + "/readyz") == (200, "ready\n"), what="ready once granted",
+                   workers=[process])
+        wait_until(lambda: pg_db.gone(waiting), what="the waiting message correlated", workers=[process])
+        process.stop()
+    finally:
+        pg_db.execute(f"DROP OWNED BY {role}")
+        pg_db.execute(f"DROP ROLE {role}")
 
 
 def test_a_worker_refuses_an_out_of_date_schema_in_one_line_naming_the_migrate_command(

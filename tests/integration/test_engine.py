@@ -294,6 +294,31 @@ def test_a_producer_transaction_left_open_holds_others_back_for_at_most_the_boun
         slow.close()
 
 
+def test_a_slot_held_back_without_progress_is_counted_as_stalled_until_it_moves(store: Store) -> None:
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    producer = psycopg.connect(url)
+    metrics = Metrics()
+    calls = Calls()
+
+    def sample(name: str) -> float:
+        return metrics.registry.get_sample_value(name) or 0.0
+
+    try:
+        producer.execute("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', 'open')")
+        waiting = send(store, "unrelated")
+        run = engine(store, calls, settings(poll={"interval": "PT0.1S"}, order={"max_wait": "PT1M"}), metrics)
+        run.stall_after = 0.5  # five polls (a drained slot makes progress at each)
+        run.start()
+        wait_until(lambda: sample("correlation_stalled_slots") == 1, "the held-back slot counted as stalled")
+        assert sample("correlation_slot_progress_age_seconds") > 0.5 and waiting not in calls.ids()
+    finally:
+        producer.rollback()
+        producer.close()
+    wait_until(lambda: waiting in calls.ids(), "the message correlated once the producer ended")
+    wait_until(lambda: sample("correlation_stalled_slots") == 0, "no slot stalled any more")
+    assert sample("correlation_slot_progress_age_seconds") < 0.5
+
+
 def test_a_transaction_that_inserts_no_message_holds_nothing_back(store: Store) -> None:
     url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     unrelated = psycopg.connect(url)

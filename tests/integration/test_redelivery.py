@@ -205,3 +205,33 @@ def test_a_message_delivered_again_is_called_with_no_other_call_beside_it_and_ma
     assert result.correlated == len(others) + 1 and result.adopted == 1
     assert beside == set(), "no other call ran while the message delivered again was being called"
     assert [m.alone for m in marks_during] == [(lost,)], "its mark says it ran alone"
+
+
+def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are_written(store: Store) -> None:
+    holder = leaser(store, "a")
+    holder.run_once()
+    send(store, "order-1")
+    calls: list[int] = []
+    engine = engine_of(store, holder, Metrics(), calls)
+    marked, go = threading.Event(), threading.Event()
+    mark = engine.committer.mark
+
+    def mark_then_wait(*args: object, **kwargs: object) -> float | None:  # stops between the mark and the call
+        remaining = mark(*args, **kwargs)  # type: ignore[arg-type]
+        marked.set()
+        go.wait(10)
+        return remaining
+
+    engine.committer.mark = mark_then_wait  # type: ignore[method-assign]
+    engine.start()
+    assert marked.wait(10)
+    assert in_flight_marks(store) != {}
+    stopper = threading.Thread(target=engine.stop, kwargs={"grace": 5.0})
+    stopper.start()
+    deadline = time.monotonic() + 10
+    while not engine.lanes._stopping and time.monotonic() < deadline:  # the replica stops taking work
+        time.sleep(0.001)
+    go.set()
+    stopper.join(10)
+    assert calls == [], "a replica stopping makes no call it had not started"
+    assert in_flight_marks(store) == {}, "the mark of the call not made is gone before the slot is released"

@@ -296,3 +296,37 @@ def test_leasers_on_their_own_threads_never_offer_the_same_slot_at_once(store: S
         for thread in threads:
             thread.join(timeout=DEADLINE)
     assert not errors, errors
+
+
+def test_rounds_failing_for_longer_than_a_lease_term_are_reported_as_trouble() -> None:
+    from worker.config import DatabaseSettings
+    from worker.db.base import build_engine
+    from worker.db.store import DatabaseUnavailable
+
+    unreachable = Store(build_engine(DatabaseSettings(url="postgresql+psycopg://postgres@127.0.0.1:1/none")))
+    now = [1000.0]
+    one = leaser(unreachable, "a", monotonic=lambda: now[0])
+    lease = STEADY.lease.total_seconds()
+    try:
+        for _ in range(2):
+            with pytest.raises(DatabaseUnavailable):
+                one.run_once()
+            assert one.trouble() is None, "a failing round is not yet trouble"
+            now[0] += lease / 2
+        now[0] += 1
+        with pytest.raises(DatabaseUnavailable):
+            one.run_once()
+        trouble = one.trouble()
+        assert trouble is not None and "no slot lease could be taken or renewed" in trouble
+        assert "database unavailable" in trouble
+    finally:
+        unreachable.close()
+
+
+def test_a_round_that_succeeds_ends_the_trouble(store: Store) -> None:
+    now = [1000.0]
+    one = leaser(store, "a", monotonic=lambda: now[0])
+    one._failing_since, one._failure = 0.0, "an earlier failure"  # rounds failed for a long time
+    assert one.trouble() is not None
+    one.run_once()
+    assert one.trouble() is None

@@ -36,6 +36,15 @@ from worker.message import MessageState
 
 T = TypeVar("T")
 
+# What a replica does to each table: fetch and record messages (and publish scheduled ones), lease slots and
+# named locks, read pauses, claim schedules' fire times.
+_PRIVILEGES = (
+    *(("correlation_message", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    *(("correlation_lock", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    ("correlation_pause", "SELECT"),
+    *(("correlation_schedule", p) for p in ("SELECT", "UPDATE")),
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Fence:
@@ -246,6 +255,21 @@ class StoreBase:
     def schema_revision(self) -> str | None:
         """The schema revision of the database (None: never migrated)."""
         return self._run(current_revision)
+
+    def privileges_missing(self) -> list[str]:
+        """The table privileges a replica needs that the database user lacks (PostgreSQL; [] on SQLite).
+
+        A user allowed only to read would fetch messages and never record an outcome; readiness says so.
+        """
+        if self.dialect != "postgresql":
+            return []
+        pairs = ", ".join(f"('{table}', '{privilege}')" for table, privilege in _PRIVILEGES)
+        statement = text(
+            f"SELECT t.name, t.privilege FROM (VALUES {pairs}) AS t (name, privilege) "
+            "WHERE to_regclass(t.name) IS NOT NULL AND NOT has_table_privilege(t.name, t.privilege)"
+        )
+        rows = self._run(lambda c: c.execute(statement).all())
+        return [f"{row.privilege} on {row.name}" for row in rows]
 
     def schema_is_current(self) -> bool:
         """True when the database schema is at the newest revision this version ships."""

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from worker.db.base import Fence
-from worker.db.errors import DatabaseBusy, DatabaseUnavailable
+from worker.db.errors import StoreError
 from worker.db.messages import FlushOutcome, InFlight, SlotWrite
 from worker.db.store import Store
 from worker.message import Message
@@ -46,6 +46,7 @@ GROUP_WINDOW = 0.01  # seconds outcomes may wait for company before they are flu
 MARKS_WINDOW = 0.05  # seconds a withdrawn mark (a call that will not be made) may wait to be written
 MAX_GROUP = 5000  # outcomes in one flush
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0  # backoff after a failed flush (seconds)
+STOP_WRITE_WAIT = 5.0  # seconds a stopping replica keeps trying to write its last outcomes
 DEFERRED_FIRST, DEFERRED_MAX = 0.1, 5.0  # how soon a deferred outcome (row locked elsewhere) is tried again
 
 # How an outcome ended: written; gone (its row was deleted meanwhile); failed (the database refused it, the
@@ -142,6 +143,7 @@ class Committer:
         self._stopping = False
         self._flushing = False
         self._backoff = RETRY_FIRST
+        self._stop_by = float("inf")
         self.flushes = 0
         self.written = 0  # outcomes written (or found gone), for benchmarks and tests waiting on a drain
 
@@ -262,17 +264,25 @@ class Committer:
         """Write what is queued, then return from :meth:`run`; later mark requests are refused."""
         with self._cond:
             self._stopping = True
+            self._stop_by = self._monotonic() + STOP_WRITE_WAIT
             self._cond.notify_all()
 
     def run(self) -> None:
         """Flush until stopped and drained (outcomes still deferred at shutdown are left: their messages are
-        delivered again)."""
+        delivered again, as are those the database would not take within ``STOP_WRITE_WAIT`` of the stop)."""
         while True:
             with self._cond:
                 while not self._due():
                     if self._stopping and not (self._queued or self._dirty):
                         return
                     self._cond.wait(self._wait_time())
+                if self._stopping and self._monotonic() > self._stop_by:
+                    unwritten = sum(len(outcomes.items) for outcomes in self._queued)
+                    logger.warning(
+                        "stopping: %d outcome(s) could not be written; their messages will be delivered again",
+                        unwritten,
+                    )
+                    return
             self.flush_once()
 
     def _due(self) -> bool:
@@ -311,7 +321,7 @@ class Committer:
             outcomes.on_recorded([(message, "fenced") for message, _ in outcomes.items])
         try:
             result = self.store.messages_record(writes)
-        except (DatabaseUnavailable, DatabaseBusy) as error:
+        except StoreError as error:  # unavailable, busy, access denied...: one line each time
             self._failed(error, batches, dirty)
             return None
         except Exception:

@@ -56,6 +56,7 @@ FETCHERS = 2  # threads fetching slots (one slot by one fetcher at a time): data
 HORIZON_REUSE = 0.002  # seconds a horizon reading serves later fetches (it stays valid, only conservative)
 HELD_RETRY = 0.05  # seconds before a slot held back by the horizon is fetched again
 PAUSES_REUSE = 1.0  # seconds the list of durable pauses is reused
+STALL_AFTER = 60.0  # seconds without progress after which a held slot counts as stalled (at least 3 polls)
 ERROR_FIRST, ERROR_MAX = 0.5, 10.0  # backoff of a slot whose fetch failed
 
 
@@ -171,6 +172,13 @@ class Engine:
         self.per_hint = self.page_size if per_hint == -1 else min(per_hint, self.page_size)
         self.high_water = max(4, 2 * settings.poll.concurrency)
         self.interval = settings.poll.interval.total_seconds()
+        self.stall_after = max(STALL_AFTER, 3 * self.interval)
+        # Read when scraped: what the lanes and slots are doing now.
+        self.metrics.busy_lanes.set_function(self.lanes.busy_lanes)
+        self.metrics.slot_progress_age.set_function(lambda: max(self.slot_progress_ages().values(), default=0.0))
+        self.metrics.stalled_slots.set_function(
+            lambda: sum(1 for age in self.slot_progress_ages().values() if age > self.stall_after)
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------------------
 
@@ -259,7 +267,10 @@ class Engine:
             for state in sorted(due, key=lambda s: s.wanted_at):
                 adopted += self._fetch(state)
             if not due and self.lanes.idle() and self.committer.idle() and self._settled():
-                break
+                with self._cond:  # a hint finishing just now may have made its slot due again
+                    if all(state.wanted_at > self._monotonic() for state in self._slots.values()):
+                        break
+                continue
             time.sleep(0.001)
         after = self._counts()
         outcomes = {key: after[key] - before[key] for key in after if after[key] != before[key]}

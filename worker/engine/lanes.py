@@ -205,7 +205,9 @@ class Lanes:
         """
         deadline = self._monotonic() + grace
         with self._cond:
-            while self._running_calls() and self._monotonic() < deadline:
+            # Runs, not only calls: a lane between its mark and its call (or its outcomes' hand-over) must
+            # finish what it does with the marks while the committer still writes them.
+            while self._in_runs() and self._monotonic() < deadline:
                 self._cond.wait(min(0.05, max(0.0, deadline - self._monotonic())))
             for lane in self._lanes:
                 if lane.current is not None and not lane.abandoned:
@@ -220,6 +222,14 @@ class Lanes:
                         "shutdown: gave up on the call of message %s (%s), still running; it will be delivered "
                         "again", message.id, message.name, extra=_fields(message),
                     )
+            # The lanes left are not in a correlator (between a mark and a call, or handing outcomes over): they
+            # are done in moments, and their marks must reach the committer before it stops.
+            settle_by = self._monotonic() + 1.0
+            while self._in_runs() and self._monotonic() < settle_by:
+                self._cond.wait(0.01)
+
+    def _in_runs(self) -> bool:
+        return any(lane.admitted and not lane.abandoned for lane in self._lanes)
 
     def _running_calls(self) -> int:
         return sum(1 for lane in self._lanes if lane.current is not None and not lane.abandoned)

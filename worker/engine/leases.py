@@ -189,6 +189,8 @@ class SlotLeaser:
         self.in_use: Callable[[], Collection[int]] = frozenset
         # Called after a round that acquired slots (the engine fetches them at once).
         self.on_acquired: Callable[[Sequence[int]], None] = lambda slots: None
+        self._failing_since: float | None = None  # monotonic: the first of the rounds failing since
+        self._failure = ""
 
     # -- the engine's view (SlotSource) ---------------------------------------------------------------------
 
@@ -241,12 +243,34 @@ class SlotLeaser:
 
     # -- rounds -------------------------------------------------------------------------------------------
 
+    def trouble(self) -> str | None:
+        """Why this replica may not be doing its share: every round failed for longer than a lease term."""
+        with self._state:
+            since, failure = self._failing_since, self._failure
+        if since is None or self._monotonic() - since <= self._lease_s:
+            return None
+        return f"no slot lease could be taken or renewed for {self._monotonic() - since:.0f}s: {failure}"
+
     def run_once(self) -> LeaseRound:
         """One round: renew the held slots, keep membership, take the fair share, hand back surplus.
 
-        Raises :class:`~worker.db.store.DatabaseUnavailable` when the database cannot be reached; leases not
-        renewed meanwhile stop being offered at their local deadline.
+        Raises a :class:`~worker.db.store.StoreError` when the database cannot be reached or refuses the
+        round (leases not renewed meanwhile stop being offered at their local deadline); :meth:`trouble`
+        reports rounds failing for longer than a lease term.
         """
+        try:
+            result = self._run_once()
+        except StoreError as error:
+            with self._state:
+                if self._failing_since is None:
+                    self._failing_since = self._monotonic()
+                self._failure = str(error)
+            raise
+        with self._state:
+            self._failing_since = None
+        return result
+
+    def _run_once(self) -> LeaseRound:
         with self._round:
             if self._stopped:
                 return LeaseRound(held=0, target=0, replicas=0)

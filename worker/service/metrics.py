@@ -119,6 +119,16 @@ class Metrics:
         self.busy_lanes = Gauge(
             "correlation_busy_lanes", "Correlator calls running now (at most poll.concurrency).", registry=r
         )
+        self.slot_progress_age = Gauge(
+            "correlation_slot_progress_age_seconds",
+            "Seconds since the held slot that has waited longest last drained or gave out work.",
+            registry=r,
+        )
+        self.stalled_slots = Gauge(
+            "correlation_stalled_slots",
+            "Held slots that neither drained nor gave out work for longer than max(60 s, 3 poll intervals).",
+            registry=r,
+        )
         self.hung_calls = Gauge(
             "correlation_hung_calls",
             "Correlator calls given up on after their handler timeout that have not returned yet.",
