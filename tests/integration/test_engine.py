@@ -388,6 +388,26 @@ def test_a_slow_hint_and_a_hot_hint_never_delay_a_new_message_of_another_hint(st
     assert len(calls.of(hot_hint)) < 20000, "called while the hot hint still had work"
 
 
+def test_a_batch_ending_while_its_slot_is_fetched_has_the_next_batch_fetched_at_once(store: Store) -> None:
+    """The fetch that found the hint busy must not postpone its next batch to the next poll."""
+    ids = [send(store, "long") for _ in range(30)]
+    fetch = store.messages_fetch_slot
+
+    def slow_fetch(*args: Any, choose: Callable[..., Any], **kwargs: Any) -> Any:
+        def choose_then_wait(candidates: Any) -> Any:
+            chosen = choose(candidates)
+            time.sleep(0.05)  # the busy hint's batch ends meanwhile
+            return chosen
+
+        return fetch(*args, choose=choose_then_wait, **kwargs)
+
+    store.messages_fetch_slot = slow_fetch  # type: ignore[method-assign]
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"interval": "PT30S", "page_size": 7}))
+    run.start()
+    wait_until(lambda: calls.ids() == ids, "every batch of the hint, long before the next poll", timeout=10)
+
+
 def test_concurrency_counts_calls_in_flight_across_slots(store: Store) -> None:
     for n in range(40):
         send(store, f"hint-{n}")

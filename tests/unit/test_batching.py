@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.unit.factories import T0, message, seconds
 from worker.config import Mode
 from worker.message import MessageState
-from worker.policy.batching import MAX_RUN, cut_batch, eligible, run_length
+from worker.policy.batching import MAX_RUN, RUN_SECONDS, cut_batch, eligible, run_length
 
 
 def ids(messages: list) -> list[int]:  # type: ignore[type-arg]
@@ -54,14 +54,20 @@ def test_a_batch_ends_before_the_first_message_of_a_paused_name() -> None:
     assert cut_batch(batch, set()) == (tuple(batch), None)
 
 
-def test_one_call_per_mark_for_correlators_slower_than_a_mark() -> None:
+def test_one_call_per_mark_before_the_first_is_timed_and_for_calls_longer_than_a_run() -> None:
     assert run_length(None, 0.002, 50) == 1  # not timed yet
-    assert run_length(0.010, 0.002, 50) == 1
-    assert run_length(0.002, 0.002, 50) == 1
+    assert run_length(RUN_SECONDS, 0.002, 50) == 1
+    assert run_length(1.0, 0.5, 50) == 1
 
 
-def test_fast_correlators_share_a_mark_up_to_what_the_hint_has() -> None:
-    assert run_length(0.0001, 0.002, 50) == 20
+def test_calls_share_a_mark_until_it_costs_a_tenth_of_their_time() -> None:
+    assert run_length(0.010, 0.004, 50) == 4  # an I/O-bound correlator: 1 ms of mark per call
+    assert run_length(0.010, 0.001, 50) == 1  # marks cheap enough already
+    assert run_length(0.0001, 0.002, 500) == 200
+
+
+def test_a_run_lasts_at_most_run_seconds_and_takes_what_the_hint_has() -> None:
+    assert run_length(0.010, 0.050, 50) == 5  # a tenth would need 50 calls: capped at 50 ms of calls
     assert run_length(0.000001, 0.002, 50) == 50
     assert run_length(0.0, 0.002, 5000) == MAX_RUN
     assert run_length(0.0001, 0.002, 1) == 1

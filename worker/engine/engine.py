@@ -53,6 +53,7 @@ from worker.service.metrics import Metrics
 logger = logging.getLogger(__name__)
 
 FETCHERS = 2  # threads fetching slots (one slot by one fetcher at a time): database round trips overlap
+MARKERS = 1  # threads writing marks (versioned: racing writes keep the newest)
 HORIZON_REUSE = 0.002  # seconds a horizon reading serves later fetches (it stays valid, only conservative)
 HELD_RETRY = 0.05  # seconds before a slot held back by the horizon is fetched again
 PAUSES_REUSE = 1.0  # seconds the list of durable pauses is reused
@@ -127,6 +128,17 @@ class _Slot:
     delay: float = ERROR_FIRST
     last_progress: float = 0.0  # monotonic: last fetch that found the slot drained or took work from it
     fetching: bool = False  # a fetcher is on it
+    asked: float = float("inf")  # the soonest fetch asked for while a fetch was under way (it must not be lost)
+
+    def want(self, at: float) -> None:
+        """Fetch no later than ``at`` (a fetch under way keeps this for when it ends)."""
+        self.wanted_at = min(self.wanted_at, at)
+        self.asked = min(self.asked, at)
+
+    def fetched(self, next_at: float) -> None:
+        """A fetch ended: the next one at ``next_at``, or sooner if asked for meanwhile."""
+        self.wanted_at = min(next_at, self.asked)
+        self.asked = float("inf")
 
 
 class Engine:
@@ -193,7 +205,9 @@ class Engine:
     def _start_parts(self) -> None:
         if any(thread.name == "committer" for thread in self._threads):
             return
-        for name, target in (("committer", self.committer.run), ("marker", self.committer.run_marks)):
+        parts = [("committer", self.committer.run)]
+        parts += [(f"marker-{number + 1}", self.committer.run_marks) for number in range(MARKERS)]
+        for name, target in parts:
             thread = threading.Thread(target=target, name=name, daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -217,7 +231,7 @@ class Engine:
         now = self._monotonic()
         with self._cond:
             for state in self._slots.values() if slots is None else filter(None, map(self._slots.get, slots)):
-                state.wanted_at = min(state.wanted_at, now)
+                state.want(now)
             self._cond.notify_all()
 
     def slots_in_use(self) -> set[int]:
@@ -415,11 +429,13 @@ class Engine:
         return len(adoption.lost)
 
     def _fetch_work(self, state: _Slot) -> None:
+        with self._cond:
+            state.asked = float("inf")  # what is asked for from now on is kept for after this fetch
         now = self._monotonic()
         pauses = self._pause_list(now)
         if any(pause.scope == "all" for pause in pauses):
             with self._cond:
-                state.wanted_at = now + self.interval
+                state.fetched(now + self.interval)
                 state.last_progress = now
             return
         paused_hints = {pause.target for pause in pauses if pause.scope == "hint"}
@@ -463,12 +479,12 @@ class Engine:
             self._tally["_fetched"] += fetched
             more = len(candidates.fresh) >= budget or any(work.cut for work in works)
             if more:
-                state.wanted_at = now
+                state.fetched(now)
             elif held:
-                state.wanted_at = now + HELD_RETRY
+                state.fetched(now + HELD_RETRY)
                 self.metrics.order_waits.inc()
             else:
-                state.wanted_at = self._next_due(now, candidates)
+                state.fetched(self._next_due(now, candidates))
             if not held:  # the slot is drained or gave out work (held back by the horizon it is stuck)
                 state.last_progress = now
         self.lanes.submit(works)
@@ -561,8 +577,8 @@ class Engine:
             if state is not None and not work.stopped and work.cut:
                 if self.settings.policy.batch_size != -1:  # N per poll: the hint rests until the next one
                     self._resting[work.hint] = now + self.interval
-                    state.wanted_at = min(state.wanted_at, now + self.interval)
+                    state.want(now + self.interval)
                 else:
-                    state.wanted_at = min(state.wanted_at, now)
+                    state.want(now)
             self._cond.notify_all()
 

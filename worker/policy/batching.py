@@ -5,12 +5,12 @@ tested without a database and so that a test can check the SQL against it.
 
 A hint's *batch* is the prefix of its eligible messages in id order that one lane takes; :func:`cut_batch`
 ends it before a message a durable pause holds. A lane marks the calls it is about to make (so that a replica
-taking the slot over knows what was in flight); :func:`run_length` decides how many calls one mark covers:
-one for correlators slower than a mark (each call attributable if the process dies), more for fast ones.
+taking the slot over knows what was in flight); :func:`run_length` decides how many calls one mark covers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 
@@ -67,19 +67,23 @@ def cut_batch(
     return tuple(batch), None
 
 
-# A mark costs about one database commit; calls shorter than this share one mark.
-MAX_RUN = 1000
+# A mark costs about one database commit; calls share one so that marking stays a small part of their time.
+MARK_SHARE = 0.1  # the most of a run's time its mark should cost
+RUN_SECONDS = 0.05  # a run is no longer than this (unless one call is): what a crash may count as lost beyond
+MAX_RUN = 1000  # the calls in flight, per lane
 
 
 def run_length(call_seconds: float | None, mark_seconds: float, remaining: int) -> int:
     """How many of a hint's next calls one mark covers.
 
-    One call per mark while calls take longer than a mark (so the overhead stays small and a crash is
-    attributable to the one call running); for faster correlators, as many calls as fit in the time of one
-    mark, so that marking never costs more than the calls themselves. ``call_seconds`` is None before the
-    first call of a correlator has been timed: then one.
+    Enough calls that their mark costs at most ``MARK_SHARE`` of their time, but no more than fit in
+    ``RUN_SECONDS`` (one, for correlators slower than that): if the process dies during a run, its calls not
+    yet made are counted as lost too, and this bounds them. ``call_seconds`` is None before the first call of
+    a correlator has been timed: then one.
     """
-    if remaining <= 1 or call_seconds is None or call_seconds >= mark_seconds:
+    if remaining <= 1 or call_seconds is None:
         return 1
-    calls = int(mark_seconds / max(call_seconds, 1e-7))
-    return max(1, min(calls, remaining, MAX_RUN))
+    call = max(call_seconds, 1e-7)
+    wanted = math.ceil(mark_seconds / (MARK_SHARE * call))
+    longest = int(RUN_SECONDS / call)
+    return max(1, min(wanted, longest, remaining, MAX_RUN))
