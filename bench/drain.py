@@ -450,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "hints": args.hints,
                     "page_size": args.page_size,
                     "concurrency": args.concurrency,
-                    "leases": args.leases,
+                    "leases": not args.no_leases,
                     "runs": [asdict(r) | {"ratio": r.ratio} for r in runs],
                 }
             )

@@ -129,7 +129,7 @@ class Worker:
                 revision = self.store.schema_revision()
                 break
             except DatabaseUnavailable as error:
-                self.metrics.database_errors.inc()
+                self.metrics.database_error(error)
                 logger.warning("%s; retrying in %.0fs", error, STARTUP_RETRY)
                 self._wait(STARTUP_RETRY, self.heartbeat.tick)
         else:
@@ -280,7 +280,7 @@ class Worker:
             try:
                 work()
             except StoreError as error:  # unavailable, busy, a login or privilege refused: one line, then again
-                self.metrics.database_errors.inc()
+                self.metrics.database_error(error)
                 logger.warning("%s: %s", name, error)
             except Exception:  # a bug must not kill the loop; it is logged and the loop goes on
                 logger.exception("%s failed", name)

@@ -392,6 +392,7 @@ def test_a_user_allowed_only_to_read_is_not_ready_says_which_privileges_it_lacks
             assert privilege in reason, reason
         wait_until(lambda: "permission denied" in process.log(), what="a lease round refused", workers=[process])
         assert http_get(base + "/healthz")[0] == 200, "alive: a restart cannot grant a privilege"
+        assert value(scrape(base), "correlation_database_errors_total", kind="refused") >= 1
         assert pg_db.message(waiting) is not None and pg_db.calls() == []
         assert "Traceback" not in process.log(), "each refusal is one line"
 

@@ -457,11 +457,12 @@ def test_the_loop_survives_an_unreachable_database_and_stops_when_told() -> None
     thread = threading.Thread(target=service.run, args=(stop,))
     thread.start()
     deadline = datetime.now(UTC) + timedelta(seconds=20)
-    while sample(service.metrics, "correlation_database_errors_total") < 1 and datetime.now(UTC) < deadline:
+    errors = "correlation_database_errors_total"
+    while sample(service.metrics, errors, kind="unavailable") < 1 and datetime.now(UTC) < deadline:
         stop.wait(0.05)
     stop.set()
     thread.join(timeout=10)
-    assert not thread.is_alive() and sample(service.metrics, "correlation_database_errors_total") >= 1
+    assert not thread.is_alive() and sample(service.metrics, errors, kind="unavailable") >= 1
 
 
 # -- operator actions -----------------------------------------------------------------------------------------

@@ -46,3 +46,24 @@ def test_backlog_series_that_vanish_from_the_table_are_removed() -> None:
     assert 'message_name="b"' not in text
     metrics.clear_census()
     assert "correlation_backlog_messages{" not in generate_latest(metrics.registry).decode()
+
+
+def test_database_errors_are_counted_by_kind() -> None:
+    from worker.db.errors import (
+        AuthenticationFailed,
+        DatabaseBusy,
+        DatabaseUnavailable,
+        PermissionDenied,
+        ValueRefused,
+    )
+
+    metrics = Metrics()
+    for error in (DatabaseBusy("a lock wait exceeded lock_timeout"), DatabaseBusy("deadlock"),
+                  DatabaseUnavailable("refused"), AuthenticationFailed("wrong password"),
+                  PermissionDenied("permission denied"), ValueRefused("NUL"), None):
+        metrics.database_error(error)
+
+    def count(kind: str) -> float:
+        return metrics.registry.get_sample_value("correlation_database_errors_total", {"kind": kind}) or 0.0
+
+    assert [count(kind) for kind in ("timeout", "unavailable", "refused", "other")] == [2, 1, 2, 2]

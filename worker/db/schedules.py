@@ -263,7 +263,7 @@ class ScheduleStatements(StoreBase):
             self._bound_waits(connection)
             return int(connection.execute(statement).rowcount)
 
-        return self._run(work)
+        return self._write(work)
 
     # -- reading ----------------------------------------------------------------------------------------------
 
@@ -329,14 +329,14 @@ class ScheduleStatements(StoreBase):
         )
 
         try:
-            return self._run(lambda c: c.execute(statement).first()) is not None
+            return self._write(lambda c: c.execute(statement).first()) is not None
         except MessageRejected as error:
             detail = str(error).removeprefix("the database refused the message: ")
             raise ScheduleRejected(f"the database refused the schedule: {detail}", error.constraint) from None
 
     def schedule_delete(self, name: str) -> bool:
         """Delete a schedule (its published messages stay); False when there was none."""
-        return bool(self._run(lambda c: c.execute(delete(schedule_table).where(_s.name == name)).rowcount))
+        return bool(self._write(lambda c: c.execute(delete(schedule_table).where(_s.name == name)).rowcount))
 
     def schedule_set_enabled(self, name: str, enabled: bool) -> bool | None:
         """Enable or disable a schedule; True if that changed it, False if it already was, None if there is none.
@@ -356,7 +356,7 @@ class ScheduleStatements(StoreBase):
             found = connection.execute(select(_s.name).where(_s.name == name)).first()
             return None if found is None else False
 
-        return self._run(work)
+        return self._write(work)
 
     def scheduler_set_enabled(self, enabled: bool) -> bool:
         """Switch the whole scheduler on or off; True if that changed it.
@@ -376,7 +376,7 @@ class ScheduleStatements(StoreBase):
                 )
             return bool(changed)
 
-        return self._run(work)
+        return self._write(work)
 
     # -- the scheduler ----------------------------------------------------------------------------------------
 
@@ -486,7 +486,7 @@ class ScheduleStatements(StoreBase):
             return FireOutcome(True, tuple(published), tuple(skipped), tuple(duplicates), len(plan.misfired))
 
         try:
-            return self._run(work)
+            return self._write(work)
         except _ClaimBusy:
             return FireOutcome(claimed=False)
 
@@ -518,7 +518,7 @@ class ScheduleStatements(StoreBase):
             assert row_id is not None, "a manual message_id is new by construction"
             return PublishedMessage(row_id, message_id, now, schedule.fire_count)
 
-        return self._run(work)
+        return self._write(work)
 
     def _pending(self, connection: Connection, message_id: str) -> bool:
         """Whether a message is still to be correlated: in the table, not dead, not expired."""

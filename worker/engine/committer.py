@@ -195,7 +195,7 @@ class Committer:
             try:
                 result = self.store.leases_mark(writes)
             except Exception as error:  # the calls are not made: their hints are left for later
-                self.metrics.database_errors.inc()
+                self.metrics.database_error(error)
                 logger.warning("marking calls in flight failed; their hints are left for later: %s", error)
                 for request in requests:
                     request.answer(None)
@@ -367,7 +367,7 @@ class Committer:
         return writes
 
     def _failed(self, error: Exception | None, batches: list[Outcomes], dirty: set[int]) -> None:
-        self.metrics.database_errors.inc()
+        self.metrics.database_error(error)
         self.metrics.record_failures.inc()
         if error is not None:
             logger.warning("recording outcomes failed, trying again in %.2fs: %s", self._backoff, error)

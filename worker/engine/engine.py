@@ -393,7 +393,7 @@ class Engine:
     def _failed(self, state: _Slot, error: Exception) -> None:
         self.metrics.fetch_errors.inc()
         if isinstance(error, DatabaseUnavailable | DatabaseBusy):
-            self.metrics.database_errors.inc()
+            self.metrics.database_error(error)
             logger.warning("slot %s: fetch failed, trying again in %.1fs: %s", state.slot, state.delay, error)
         with self._cond:
             state.wanted_at = self._monotonic() + state.delay

@@ -187,7 +187,7 @@ class Scheduler:
             try:
                 pause = self.pause_after(self.run_once())
             except DatabaseUnavailable as error:
-                self.metrics.database_errors.inc()
+                self.metrics.database_error(error)
                 logger.warning("scheduler: %s", error)
                 pause = min(RETRY_DELAY, self.config.reload_interval)
             except Exception:  # a bug must not end the scheduler; logged, and tried again after the interval

@@ -31,6 +31,9 @@ from prometheus_client import (
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from worker import __version__
+from worker.db.errors import DatabaseAccessDenied, DatabaseBusy, DatabaseUnavailable, PermissionDenied
+
+DATABASE_ERROR_KINDS = ("unavailable", "timeout", "refused", "other")
 
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 POLL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -221,8 +224,14 @@ class Metrics:
             registry=r,
         )
         self.database_errors = Counter(
-            "correlation_database_errors", "Database operations that failed (connection lost, timeout).", registry=r
+            "correlation_database_errors",
+            "Database operations that failed, by kind: unavailable (connection refused or lost), timeout (a lock "
+            "or statement timeout, a deadlock), refused (a login or privilege refused), other.",
+            ["kind"],
+            registry=r,
         )
+        for kind in DATABASE_ERROR_KINDS:
+            self.database_errors.labels(kind)
         self.cleanup_removed = Counter(
             "correlation_cleanup_removed_messages", "Expired messages removed by cleanup.", registry=r
         )
@@ -263,6 +272,18 @@ class Metrics:
         )
         self.build_info = Info("correlation_build", "Version of correlation-worker.", registry=r)
         self.build_info.info({"version": __version__})
+
+    def database_error(self, error: BaseException | None) -> None:
+        """Count a failed database operation by its kind."""
+        if isinstance(error, DatabaseBusy):
+            kind = "timeout"
+        elif isinstance(error, DatabaseUnavailable):
+            kind = "unavailable"
+        elif isinstance(error, DatabaseAccessDenied | PermissionDenied):
+            kind = "refused"
+        else:
+            kind = "other"
+        self.database_errors.labels(kind).inc()
 
     def observe_call(self, message_name: str, seconds: float) -> None:
         """Count one correlator call's duration under its (bounded) message name."""
