@@ -2,7 +2,8 @@
 
 Methods read noun-then-verb (``messages_fetch_batches``, ``lock_try_acquire``) and return the project's own
 frozen values, never driver rows. The statements live by table: :mod:`worker.db.messages` (messages and
-durable pauses) and :mod:`worker.db.locks` (leases and named locks); the plumbing, the clock and the
+durable pauses), :mod:`worker.db.locks` (leases and named locks) and :mod:`worker.db.console` (the console's
+paged reads, bounded counts, bulk actions, pauses and audit); the plumbing, the clock and the
 translation of driver errors are in :mod:`worker.db.base` and :mod:`worker.db.errors`.
 """
 
@@ -12,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from worker.config import DatabaseSettings
 from worker.db.base import Fence, LockRow, MessageFilter, NewMessage, StateCounts, build_engine, normalise_url
+from worker.db.console import ConsoleStatements
 from worker.db.errors import (
     AuthenticationFailed,
     DatabaseAccessDenied,
@@ -30,7 +32,7 @@ from worker.db.messages import MessageStatements
 from worker.db.schema import SLOT_COUNT
 
 
-class Store(MessageStatements, LockStatements):
+class Store(ConsoleStatements, MessageStatements, LockStatements):
     """Every statement correlation-worker runs, on one engine."""
 
     def __init__(self, engine: Engine) -> None:
