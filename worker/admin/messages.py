@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from worker.admin.auth import Caller
 from worker.admin.errors import BadRequest, Forbidden, NotFound
 from worker.admin.operations import message_as_dict
 from worker.admin.pauses import pause_infos
-from worker.config import Mode, format_duration
+from worker.config import Mode
 from worker.db.console import ACTION_STATE, BULK_ACTIONS, ConsoleFilter, Listed
 from worker.db.store import MessageFilter, Store, StoreError
 from worker.message import MessageState
@@ -251,7 +251,13 @@ def bulk(
 
 
 def duration_text(seconds: float | None) -> str:
-    """An age for people: ``PT1M30S``-style ISO text, or ``none``."""
+    """An age for people: ``45 s``, ``3 min 20 s``, ``2 h 5 min``, ``3 d 4 h``; ``none`` for None."""
     if seconds is None:
         return "none"
-    return format_duration(timedelta(seconds=round(seconds)))
+    total = round(seconds)
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "min"), (secs, "s")]
+    shown = [f"{value} {unit}" for value, unit in parts if value]
+    return " ".join(shown[:2]) or "0 s"
