@@ -102,7 +102,7 @@ def overview(
     ``throughput``: see :class:`Throughput`. ``replicas``: live replicas, their slots and earliest lease expiry.
     """
     census = store.console_census(count_limit)
-    oldest = store.messages_oldest_eligible(range(store.slot_count), mode, budget=OLDEST_BUDGET)
+    oldest = store.console_oldest_eligible(mode, OLDEST_BUDGET)
     age = None if oldest is None else max(0.0, (census.now - oldest).total_seconds())
     rates = None
     if throughput is not None:

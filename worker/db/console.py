@@ -32,9 +32,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql import ColumnElement
 
+from worker.config import Mode
 from worker.db.base import MessageFilter
 from worker.db.messages import MessageStatements, Pause, message_of_row
-from worker.db.schema import NOTIFY_CHANNEL, audit_table, message_table, pause_table
+from worker.db.schema import NOTIFY_CHANNEL, SLOT_COUNT, audit_table, message_table, pause_table
 from worker.message import Message, MessageState
 
 m = message_table.c
@@ -287,6 +288,28 @@ class ConsoleStatements(MessageStatements):
             return [found[key] for key in sorted(found)], now
 
         return self._run(work)
+
+    def console_oldest_eligible(self, mode: Mode, budget: int) -> datetime | None:
+        """The created_at of the oldest message that could be correlated now, looking at up to ``budget``
+        candidate hints per slot (beyond that a lower bound of the age): the engine's own candidate and batch
+        statements, in one transaction, with one batch statement for every slot's hints."""
+
+        def work(connection: Connection) -> datetime | None:
+            limit = self._horizon(connection).last_id if self.dialect == "postgresql" else 2**62
+            hints: list[str] = []
+            for slot in range(self.slot_count_of_dialect()):
+                candidates = self._candidates(connection, slot, "", budget)
+                hints.extend(dict.fromkeys(candidates.fresh + candidates.due))
+            if not hints:
+                return None
+            fetched = self._batches(connection, hints, limit, 1, len(hints), mode, self._now(connection))
+            return min((message.created_at for message in fetched.messages), default=None)
+
+        return self._run(work)
+
+    def slot_count_of_dialect(self) -> int:
+        """How many slots hints are spread over on this database (64 on PostgreSQL, one on SQLite)."""
+        return SLOT_COUNT if self.dialect == "postgresql" else 1
 
     def messages_last_id(self) -> int:
         """The largest id handed out so far (also of rows since deleted): arrivals, for the throughput."""
