@@ -439,7 +439,7 @@ def _present_rows(action: str, ids: tuple[int, ...], name: str | None, hint: str
     return int(_with_store(apply))
 
 
-def _durable_scope(name: str | None, hint: str | None, everything: bool, command: str) -> tuple[str, str]:
+def _durable_scope(name: str | None, hint: str | None, everything: bool) -> tuple[str, str]:
     chosen = [(scope, value) for scope, value in (("name", name), ("hint", hint)) if value is not None]
     if everything:
         chosen.append(("all", ""))
@@ -478,7 +478,7 @@ def pause(
     if ids or state is not None or only_present:
         click.echo(f"paused {_present_rows('pause', ids, message_name, hint, state, everything)} messages")
         return
-    scope, target = _durable_scope(message_name, hint, everything, "pause")
+    scope, target = _durable_scope(message_name, hint, everything)
 
     def create(store: Store) -> dict[str, Any]:
         return admin_pauses.add_pause(store, _cli_caller(), scope, target, reason)
@@ -510,7 +510,7 @@ def resume(
         click.echo(f"resumed {_present_rows('resume', ids, message_name, hint, state, everything)} messages")
         return
     else:
-        scope, target = _durable_scope(message_name, hint, everything, "resume")
+        scope, target = _durable_scope(message_name, hint, everything)
         result = _with_store(lambda store: admin_pauses.lift_pause_of(store, _cli_caller(), scope, target))
     lifted = result["lifted"]
     click.echo(

@@ -73,6 +73,7 @@ def api_application(console: Console) -> Starlette:
     auth = console.auth
 
     def guarded(handler: Handler, *, write: bool = False, created: bool = False) -> Endpoint:
+        """The handler behind the bearer check (and the write check), its errors as JSON."""
         async def endpoint(request: Request) -> Response:
             caller = auth.bearer(request.headers.get("authorization"))
             if caller is None:
@@ -97,19 +98,23 @@ def api_application(console: Console) -> Starlette:
         return endpoint
 
     async def status(_request: Request, _caller: Caller) -> Any:
+        """GET /status: the overview."""
         return await run_in_threadpool(
             overview.overview, store, console.mode, console.settings.count_limit, console.throughput,
             console.correlated,
         )
 
     async def list_messages(request: Request, _caller: Caller) -> Any:
+        """GET /messages: a keyset page under the filters."""
         wanted, after, limit = messages.parse_listing(dict(request.query_params))
         return await run_in_threadpool(messages.messages_page, store, wanted, after, limit)
 
     async def one_message(request: Request, _caller: Caller) -> Any:
+        """GET /messages/{id or message_id}: one message, whole."""
         return await run_in_threadpool(messages.message_detail, store, request.path_params["reference"])
 
     async def bulk(request: Request, caller: Caller) -> Any:
+        """POST /messages/{action}: a bulk action on a filter, or its count with dry_run."""
         action = request.path_params["action"]
         body = await json_body(request)
         dry_run = body.get("dry_run", False)
@@ -128,6 +133,7 @@ def api_application(console: Console) -> Starlette:
         )
 
     async def hint(request: Request, _caller: Caller) -> Any:
+        """GET /hints/{hint}: its messages in order, the blocker marked with why."""
         params = dict(request.query_params)
         unknown = sorted(set(params) - {"after", "limit"})
         if unknown:
@@ -138,20 +144,25 @@ def api_application(console: Console) -> Starlette:
         )
 
     async def list_pauses(_request: Request, _caller: Caller) -> Any:
+        """GET /pauses: the durable pauses."""
         return {"items": await run_in_threadpool(pauses.list_pauses, store)}
 
     async def add_pause(request: Request, caller: Caller) -> Any:
+        """POST /pauses: a durable pause of a name, a hint or everything."""
         scope, target, reason = pauses.parse_pause(await json_body(request))
         return await run_in_threadpool(pauses.add_pause, store, caller, scope, target, reason)
 
     async def lift_pause(request: Request, caller: Caller) -> Any:
+        """DELETE /pauses/{id}: lift a pause."""
         return await run_in_threadpool(pauses.lift_pause, store, caller, request.path_params["pause_id"])
 
     async def audit_trail(request: Request, _caller: Caller) -> Any:
+        """GET /audit: the audit, newest first."""
         before, limit = audit.parse_page(dict(request.query_params))
         return await run_in_threadpool(audit.audit_page, store, before, limit)
 
     async def http_error(_request: Request, error: Exception) -> Response:
+        """The router's own errors (no such route, wrong method) as JSON."""
         if isinstance(error, HTTPException):
             if error.status_code == 404:
                 return error_response(404, "no such route; see the README's Console section for the routes")

@@ -150,6 +150,7 @@ def pages_application(console: Console) -> Starlette:
         return response
 
     def page(handler: Handler, *, write: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        """The handler behind the session check and, for a POST, the CSRF (and write) check."""
         async def endpoint(request: Request) -> Response:
             session = auth.session(request.cookies.get(SESSION_COOKIE))
             if session is None:
