@@ -138,7 +138,7 @@ class Driver(Protocol):
         ...
 
     def drain_floor(self, page_size: int) -> int:
-        """The raw-SQL floor: read a page as a correlator needs it, delete it, commit; until empty. Returns the count."""
+        """The raw-SQL floor: read a page as a correlator needs it, delete it, commit; until empty; the count."""
         ...
 
     def close(self) -> None:
@@ -430,7 +430,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verified: each message once, in id order per hint)"
     )
     delete = "id IN (...)" if backend == "sqlite" else "id = ANY(...)"
-    print(f"floor:  {floor:,.0f} msgs/s (SELECT id, name, hint, payload, headers ... LIMIT page; DELETE ... WHERE {delete}; COMMIT)")
+    print(
+        f"floor:  {floor:,.0f} msgs/s (SELECT id, name, hint, payload, headers ... LIMIT page; "
+        f"DELETE ... WHERE {delete}; COMMIT)"
+    )
     print(f"ratio:  {engine / floor:.2f} engine/floor")
     print(f"params: {parameters}")
     if args.json:

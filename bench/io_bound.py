@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drain import (  # noqa: E402
+from drain import (
     LOCAL_SERVER,
     URL_ENV,
     Recorder,
@@ -36,12 +36,12 @@ from drain import (  # noqa: E402
     verify,
 )
 
-from worker.config import DatabaseSettings  # noqa: E402
-from worker.correlators import Router  # noqa: E402
-from worker.db.store import Store, build_engine, normalise_url  # noqa: E402
-from worker.engine.engine import Engine  # noqa: E402
-from worker.engine.leases import SlotLeaser  # noqa: E402
-from worker.message import Message  # noqa: E402
+from worker.config import DatabaseSettings
+from worker.correlators import Router
+from worker.db.store import Store, build_engine, normalise_url
+from worker.engine.engine import Engine
+from worker.engine.leases import SlotLeaser
+from worker.message import Message
 
 
 class SlowTarget(Recorder):

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -218,3 +218,21 @@ def any_store(db_url: str) -> Iterator[Store]:
         yield store
     finally:
         store.close()
+
+
+_REQUEST: list[pytest.FixtureRequest] = []
+
+
+@pytest.fixture(autouse=True)
+def _current_request(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The running test's request, for helpers that must clean up before its fixtures do."""
+    _REQUEST.append(request)
+    try:
+        yield
+    finally:
+        _REQUEST.pop()
+
+
+def stop_at_teardown(stop: Callable[[], None]) -> None:
+    """Call ``stop`` when the running test ends, before its fixtures (its database) are torn down."""
+    _REQUEST[-1].addfinalizer(stop)

@@ -26,12 +26,14 @@ from worker import __version__
 from worker.admin import messages as admin_messages
 from worker.admin import operations as admin
 from worker.admin import pauses as admin_pauses
+from worker.admin import schedules as admin_schedules
 from worker.admin.auth import Caller
 from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
 from worker.db.schema import check_revision_known
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import Message, MessageState
+from worker.policy.cron import CronError
 from worker.redact import redact_text, redact_url
 from worker.service.endpoint import EndpointError
 from worker.service.logs import bound, configure_logging, escape_controls
@@ -536,3 +538,129 @@ def pauses_list(output: str | None) -> None:
         for p in shown
     ]
     click.echo(tabulate(rows, headers=["id", "pauses", "reason", "by", "since"], disable_numparse=True))
+
+
+# -- schedules (DESIGN.md §7) --------------------------------------------------------------------------------
+
+
+@main.group()
+def schedules() -> None:
+    """Schedules: Quartz cron expressions that publish messages (see the README's "Schedules")."""
+
+
+@schedules.command("list")
+def schedules_list() -> None:
+    """Every schedule with its next and last fire time and counts, and whether the scheduler is on."""
+    _print_json(_with_store(admin_schedules.schedules_list))
+
+
+@schedules.command("show")
+@click.argument("name")
+def schedules_show(name: str) -> None:
+    """One schedule: its next 5 fire times, last fire, whether its last message is pending, its last error."""
+    _print_json(_with_store(lambda store: admin_schedules.schedule_show(store, name)))
+
+
+@schedules.command("add")
+@click.argument("name")
+@click.option("--cron", required=True, help="Quartz cron expression, seconds first: '0 0/15 8-18 ? * MON-FRI'.")
+@click.option("--message-name", required=True, help="message_name of the messages it publishes.")
+@click.option("--hint", help="correlation_hint of its messages (default: the schedule's name).")
+@click.option("--payload", help="JSON payload of its messages (default {}).")
+@click.option("--headers", help="JSON object of headers added to its messages.")
+@click.option("--zone", default="UTC", show_default=True, help="IANA time zone of the expression's wall times.")
+@click.option("--no-singleton", is_flag=True, help="Fire even while the last message is still pending.")
+@click.option(
+    "--misfire",
+    type=click.Choice(admin_schedules.MISFIRE_POLICIES),
+    default="fire_once_now",
+    show_default=True,
+    help="What to do with fire times missed while no replica ran.",
+)
+@click.option("--disabled", is_flag=True, help="Add it disabled.")
+def schedules_add(
+    name: str,
+    cron: str,
+    message_name: str,
+    hint: str | None,
+    payload: str | None,
+    headers: str | None,
+    zone: str,
+    no_singleton: bool,
+    misfire: str,
+    disabled: bool,
+) -> None:
+    """Add schedule NAME."""
+    payload_value = _json_option(payload, "--payload")
+    headers_value = _json_option(headers, "--headers")
+    _print_json(
+        _with_store(
+            lambda store: admin_schedules.schedule_add(
+                store,
+                name,
+                cron,
+                message_name,
+                hint=hint,
+                payload=payload_value,
+                headers=headers_value,
+                time_zone=zone,
+                singleton=not no_singleton,
+                misfire=misfire,
+                enabled=not disabled,
+            )
+        )
+    )
+
+
+@schedules.command("enable")
+@click.argument("name", required=False)
+def schedules_enable(name: str | None) -> None:
+    """Enable schedule NAME, or without a name the whole scheduler."""
+    _print_json(_with_store(lambda store: admin_schedules.schedule_set_enabled(store, name, True)))
+
+
+@schedules.command("disable")
+@click.argument("name", required=False)
+def schedules_disable(name: str | None) -> None:
+    """Disable schedule NAME, or without a name the whole scheduler."""
+    _print_json(_with_store(lambda store: admin_schedules.schedule_set_enabled(store, name, False)))
+
+
+@schedules.command("fire")
+@click.argument("name")
+@click.option(
+    "--action", type=click.Choice(admin_schedules.ACTIONS), default="start", show_default=True,
+    help="The action header of the message.",
+)
+def schedules_fire(name: str, action: str) -> None:
+    """Publish schedule NAME's message now (action_type manual; the singleton rule does not apply)."""
+    _print_json(_with_store(lambda store: admin_schedules.schedule_fire(store, name, action)))
+
+
+@schedules.command("delete")
+@click.argument("name")
+def schedules_delete(name: str) -> None:
+    """Delete schedule NAME (the messages it published stay)."""
+    _print_json(_with_store(lambda store: admin_schedules.schedule_delete(store, name)))
+
+
+@schedules.command("next")
+@click.argument("expression", nargs=-1, required=True)
+@click.option("--after", help="A wall time in --zone, ISO-8601 (2005-06-01T10:15:00); default: now.")
+@click.option("--zone", default="UTC", show_default=True, help="IANA time zone.")
+@click.option("--count", type=click.IntRange(min=0), default=5, show_default=True, help="How many fire times.")
+def schedules_next(expression: tuple[str, ...], after: str | None, zone: str, count: int) -> None:
+    """Print the next fire times of a cron EXPRESSION, one per line (nothing when there is none).
+
+    An invalid expression prints one line starting with "invalid cron expression:" and exits with 2.
+    """
+    try:
+        times = admin_schedules.next_fire_times(" ".join(expression), after, zone, count, datetime.now(UTC))
+    except CronError as error:
+        click.echo(f"invalid cron expression: {error}")
+        sys.exit(2)
+    except ValueError as error:
+        click.echo(f"invalid argument: {error}")
+        sys.exit(2)
+    for fire_time in times:
+        click.echo(fire_time)

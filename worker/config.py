@@ -509,6 +509,29 @@ class ShutdownSettings(_Section):
     grace: Duration = timedelta(seconds=30)
 
 
+class SchedulerSettings(_Section):
+    """Schedules (DESIGN.md §7): rows of ``correlation_schedule`` whose Quartz cron publishes messages.
+
+    ``enabled`` says whether this replica takes part; the switch of the whole cluster's scheduler is the row of
+    ``correlation_scheduler`` (``correlation-worker schedules disable``).
+    """
+
+    enabled: bool = True
+    # Schedules added, changed or deleted with SQL take effect within this interval.
+    reload_interval: Duration = timedelta(seconds=10)
+    # A fire time later than this is a misfire: the schedule's misfire policy decides (Quartz's default: 1 min).
+    misfire_threshold: Duration = timedelta(minutes=1)
+    # fire_all publishes at most this many missed fire times (the most recent ones).
+    fire_all_limit: int = Field(default=100, ge=1, le=1000)
+
+    @field_validator("reload_interval")
+    @classmethod
+    def _reload_positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("the reload interval must be greater than zero")
+        return value
+
+
 def _default_routes() -> dict[str, str | dict[str, Any]]:
     return {"*": "log"}
 
@@ -550,6 +573,7 @@ class Settings(BaseSettings):
     order: OrderSettings = OrderSettings()
     notify: NotifySettings = NotifySettings()
     shutdown: ShutdownSettings = ShutdownSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
     admin: AdminSettings = AdminSettings()
 
     @field_validator("correlators", "policies", mode="before")

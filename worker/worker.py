@@ -25,6 +25,7 @@ from worker.engine.cleanup import Cleanup
 from worker.engine.engine import Engine
 from worker.engine.gauges import Gauges
 from worker.engine.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
+from worker.engine.scheduler import Scheduler, SchedulerConfig
 from worker.redact import redact_url
 from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import Metrics
@@ -98,6 +99,8 @@ class Worker:
         self.gauges_lock = SingletonLock(
             self.store, "gauges", self.replica_id, singleton_lease(settings.metrics.gauges_interval)
         )
+        # Schedules (DESIGN.md §7): every replica runs the scheduler; fire times are claimed in the database.
+        self.scheduler = Scheduler(self.store, SchedulerConfig.from_settings(settings.scheduler), self.metrics)
         self.endpoint: Endpoint | None = None
         # The console (API and pages) on the endpoint, with a store of its own (its statement timeout).
         self.console = (
@@ -235,6 +238,10 @@ class Worker:
         ]
         if self.listener is not None:
             background.append(threading.Thread(target=self.listener.run, name="listener", daemon=True))
+        if self.settings.scheduler.enabled:
+            background.append(
+                threading.Thread(target=self.scheduler.run, args=(self.stopping,), name="scheduler", daemon=True)
+            )
         for thread in background:
             thread.start()
         try:

@@ -3,7 +3,7 @@
 The DDL is in ``schema/ddl/0005_<dialect>.sql``.
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from worker.migrations.sqlfiles import apply
 
 revision = "0005"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

@@ -19,6 +19,7 @@ running. What the call does is read from the payload (a JSON object):
                          ``reschedule_count`` is below ``reschedule_times`` (always, without it)
 ``fail``                 raise an exception (a retry), always
 ``fail_until_attempt``   raise an exception while the message's ``attempt`` is below this number
+``exit_process``         end the worker process at once (``os._exit``), as a crashing native library would
 
 A payload that is not a JSON object is refused with a TypeError (a retry), as a careful handler would.
 """
@@ -178,6 +179,8 @@ def _decide(message: Message) -> None:
     if not isinstance(payload, Mapping):
         raise TypeError(f"payload must be a JSON object, not {type(payload).__name__}")
     seq = payload.get("seq")
+    if payload.get("exit_process"):
+        os._exit(3)
     if "sleep_seconds" in payload:
         time.sleep(float(payload["sleep_seconds"]))
     if payload.get("permanent"):

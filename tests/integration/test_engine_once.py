@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from tests.conftest import stop_at_teardown
 from worker.config import Settings
 from worker.correlators import Router
 from worker.db.store import MessageFilter, NewMessage, Store
@@ -66,21 +67,13 @@ def settings(**policy: Any) -> Settings:
     )
 
 
-ENGINES: list[Engine] = []
-
-
-@pytest.fixture(autouse=True)
-def _stop_engines() -> Iterator[None]:
-    yield
-    while ENGINES:
-        ENGINES.pop().stop(grace=0)
 
 
 def make_poller(store: Store, handler: Callable[[Message], object], s: Settings | None = None,
                 routes: dict[str, Callable[[Message], object]] | None = None) -> Engine:
     router = Router(routes if routes is not None else {"*": handler})
     engine = Engine(store, router, s or settings(), AllSlots(store.slot_count))
-    ENGINES.append(engine)
+    stop_at_teardown(lambda: engine.stop(grace=0))
     return engine
 
 

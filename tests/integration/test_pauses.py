@@ -3,13 +3,11 @@ the messages inserted after the pause, keeps its hints' order, and lifting it re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.integration.test_engine_once import ENGINES, Recorder, make_poller, rows, send
+from tests.integration.test_engine_once import Recorder, make_poller, rows, send
 from worker.admin import pauses
 from worker.admin.auth import Caller
 from worker.admin.errors import Conflict, Forbidden, NotFound
@@ -18,13 +16,6 @@ from worker.message import MessageState
 
 OPERATOR = Caller("operator", "api", can_write=True)
 READER = Caller("reader", "api", can_write=False)
-
-@pytest.fixture(autouse=True)
-def _stop_engines() -> Iterator[None]:
-    yield
-    while ENGINES:
-        ENGINES.pop().stop(grace=0)
-
 
 def states(store: Store) -> dict[int, str]:
     return {message.id: message.state.value for message in rows(store)}

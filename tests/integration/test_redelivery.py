@@ -6,11 +6,9 @@ its term is ended in the database (no waiting for clocks), then another replica 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from sqlalchemy import text
 
+from tests.conftest import stop_at_teardown
 from tests.integration.test_slot_leases import leaser
 from worker.config import Settings
 from worker.correlators import Router
@@ -20,15 +18,6 @@ from worker.engine.engine import Engine
 from worker.engine.leases import SlotLeaser
 from worker.message import Message, MessageState
 from worker.service.metrics import Metrics
-
-ENGINES: list[Engine] = []
-
-
-@pytest.fixture(autouse=True)
-def _stop_engines() -> Iterator[None]:
-    yield
-    while ENGINES:
-        ENGINES.pop().stop(grace=0)
 
 
 def in_flight_marks(store: Store) -> dict[str, str]:
@@ -43,7 +32,7 @@ def engine_of(store: Store, slots: SlotLeaser, metrics: Metrics, calls: list[int
 
     settings = Settings(poll={"interval": "PT1S"}, policy=policy, metrics={"enabled": False})
     engine = Engine(store, Router({"*": handler}), settings, slots, metrics, slots.holder)
-    ENGINES.append(engine)
+    stop_at_teardown(lambda: engine.stop(grace=0))
     return engine
 
 

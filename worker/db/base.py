@@ -105,9 +105,22 @@ class NewMessage:
 _JSON_DECODER = json.JSONDecoder()
 
 
+class UnreadableJson(str):
+    """A JSON document the worker could not decode (nested deeper than Python reads), shown as this text."""
+
+
 def json_loads(data: bytes | str) -> Any:
-    """``json.loads`` for the UTF-8 text PostgreSQL sends, minus its encoding sniffing."""
-    return _JSON_DECODER.decode(data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data)
+    """``json.loads`` for the UTF-8 text PostgreSQL sends, minus its encoding sniffing.
+
+    A document nested deeper than Python's decoder goes (the database takes it) would fail the whole query
+    that reads it; it reads as an :class:`UnreadableJson` instead, so that listing a table never fails on one
+    row (the engine decodes payloads itself and dead-letters such a message with the reason).
+    """
+    text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data
+    try:
+        return _JSON_DECODER.decode(text)
+    except RecursionError:
+        return UnreadableJson(f"<unreadable JSON of {len(text)} characters: nested too deeply to decode>")
 
 
 def normalise_url(url: str) -> str:

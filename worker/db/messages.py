@@ -38,7 +38,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement, TextClause
 
 from worker.config import Mode
-from worker.db.base import Fence, MessageFilter, NewMessage, StateCounts, StoreBase, json_loads
+from worker.db.base import Fence, MessageFilter, NewMessage, StateCounts, StoreBase, UnreadableJson, json_loads
 from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost, StoreError, translate
 from worker.db.schema import NOTIFY_CHANNEL, UtcDateTime, message_table, pause_table
 from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Message, MessageState
@@ -212,6 +212,8 @@ def decode_row(values: Sequence[Any], sqlite: bool) -> Message | Unreadable:
             )
         payload = json_loads(payload_text)
         headers = json_loads(headers_text) if headers_text != "{}" else {}
+        if isinstance(payload, UnreadableJson) or isinstance(headers, UnreadableJson):
+            raise ValueError("the JSON is nested too deeply to decode")
         if not isinstance(headers, dict):
             raise ValueError("headers are not a JSON object")
         if sqlite:

@@ -2,8 +2,9 @@
 
 Methods read noun-then-verb (``messages_fetch_batches``, ``lock_try_acquire``) and return the project's own
 frozen values, never driver rows. The statements live by table: :mod:`worker.db.messages` (messages and
-durable pauses), :mod:`worker.db.locks` (leases and named locks) and :mod:`worker.db.console` (the console's
-paged reads, bounded counts, bulk actions, pauses and audit); the plumbing, the clock and the
+durable pauses), :mod:`worker.db.locks` (leases and named locks), :mod:`worker.db.schedules` (schedules and
+the scheduler's switch) and :mod:`worker.db.console` (the console's paged reads, bounded counts, bulk actions,
+pauses and audit); the plumbing, the clock and the
 translation of driver errors are in :mod:`worker.db.base` and :mod:`worker.db.errors`.
 """
 
@@ -29,10 +30,11 @@ from worker.db.errors import (
 )
 from worker.db.locks import HOLDER_MAX_LENGTH, LockStatements
 from worker.db.messages import MessageStatements
+from worker.db.schedules import ScheduleStatements
 from worker.db.schema import SLOT_COUNT
 
 
-class Store(ConsoleStatements, MessageStatements, LockStatements):
+class Store(ConsoleStatements, MessageStatements, LockStatements, ScheduleStatements):
     """Every statement correlation-worker runs, on one engine."""
 
     def __init__(self, engine: Engine) -> None:

@@ -271,7 +271,8 @@ class Lanes:
 
     def _take(self, lane: _Lane) -> HintWork | None:
         with self._cond:
-            while not self._rotation:
+            # Stuck calls hold every lane the replica may have: take no more work (health says so).
+            while not self._rotation or self._hung >= self.concurrency:
                 if self._stopping or lane.abandoned:
                     return None
                 self._cond.wait(0.5)

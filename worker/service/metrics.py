@@ -216,6 +216,41 @@ class Metrics:
         self.cleanup_removed = Counter(
             "correlation_cleanup_removed_messages", "Expired messages removed by cleanup.", registry=r
         )
+        # Schedules (DESIGN.md §7). Schedule names are operator-defined and few: a bounded label.
+        self.schedule_fires = Counter(
+            "correlation_schedule_fires",
+            "Messages published by schedules' fire times on this replica, by schedule.",
+            ["schedule"],
+            registry=r,
+        )
+        self.schedule_singleton_skips = Counter(
+            "correlation_schedule_singleton_skips",
+            "Fire times skipped because the schedule's last message was still pending (singleton), by schedule.",
+            ["schedule"],
+            registry=r,
+        )
+        self.schedule_misfires = Counter(
+            "correlation_schedule_misfires",
+            "Missed fire times the schedule's misfire policy skipped, by schedule.",
+            ["schedule"],
+            registry=r,
+        )
+        self.scheduler_enabled = Gauge(
+            "correlation_scheduler_enabled",
+            "1 while the scheduler is switched on (the correlation_scheduler row), else 0.",
+            registry=r,
+        )
+        self.schedule_next_fire = Gauge(
+            "correlation_schedule_next_fire_timestamp_seconds",
+            "The next fire time of each schedule that has one (Unix time), as this replica last saw it.",
+            ["schedule"],
+            registry=r,
+        )
+        self.schedules_invalid = Gauge(
+            "correlation_schedules_invalid",
+            "Schedules that cannot fire because their cron expression or time zone is invalid.",
+            registry=r,
+        )
         self.build_info = Info("correlation_build", "Version of correlation-worker.", registry=r)
         self.build_info.info({"version": __version__})
 

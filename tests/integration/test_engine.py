@@ -1,0 +1,514 @@
+"""The engine's findings, in-process against real databases: each outcome recorded on its own, no replayed
+pages, rows the worker cannot read, commit order, lanes that never wait for one another, expiry judged at the
+call, one locked row delaying one hint, bounded threads, the lease checked before each call, wake-ups.
+
+Most tests use ``Engine.run_once`` (one poll, driven to quiescence in the test's thread); those about time
+and concurrency run the engine continuously (``Engine.start``) and wait on conditions with a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from tests.conftest import stop_at_teardown
+from worker.config import Settings
+from worker.correlators import Router
+from worker.db.store import MessageFilter, NewMessage, Store
+from worker.engine.engine import AllSlots, Engine
+from worker.message import Message, MessageState
+from worker.policy.outcomes import Reschedule
+from worker.service.metrics import Metrics
+
+DEADLINE = 30.0
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        time.sleep(0.01)
+
+
+@dataclass
+class Calls:
+    """A correlator that records its calls (id, hint, when it started, when it ended) and runs a behaviour."""
+
+    behave: Callable[[Message], object] = lambda message: None
+    log: list[tuple[int, str, float, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    running: int = 0
+    most: int = 0
+
+    def __call__(self, message: Message) -> object:
+        started = time.monotonic()
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            return self.behave(message)
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.log.append((message.id, message.hint, started, time.monotonic()))
+
+    def ids(self) -> list[int]:
+        with self.lock:
+            return [entry[0] for entry in self.log]
+
+    def of(self, hint: str) -> list[int]:
+        with self.lock:
+            return [entry[0] for entry in self.log if entry[1] == hint]
+
+
+def settings(**sections: Any) -> Settings:
+    poll = {"interval": "PT1S", "initial_delay": "PT0S", **sections.pop("poll", {})}
+    policy = {"backoff_unit": "PT60S", **sections.pop("policy", {})}
+    return Settings(poll=poll, policy=policy, metrics={"enabled": False}, **sections)
+
+
+def engine(store: Store, correlator: Callable[[Message], object], s: Settings | None = None,
+           metrics: Metrics | None = None) -> Engine:
+    made = Engine(store, Router({"*": correlator}), s or settings(), AllSlots(store.slot_count), metrics)
+    stop_at_teardown(lambda: made.stop(grace=0))
+    return made
+
+
+def send(store: Store, hint: str, name: str = "order.paid", **payload: Any) -> int:
+    row_id = store.messages_insert(NewMessage(name=name, hint=hint, payload=payload))
+    assert row_id is not None
+    return row_id
+
+
+def rows(store: Store) -> dict[int, Message]:
+    return {m.id: m for m in store.messages_list(MessageFilter(), limit=10_000)}
+
+
+def sql(store: Store, statement: str, **params: Any) -> list[Any]:
+    with store.engine.begin() as connection:
+        result = connection.execute(text(statement), params)
+        return list(result.all()) if result.returns_rows else []
+
+
+# -- 1. every outcome is recorded, each on its own -------------------------------------------------------------
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def _bad_outcome(message: Message) -> object:
+    kind = message.payload.get("kind")
+    if kind == "int_delay":
+        raise Reschedule("not yet", 30)  # type: ignore[arg-type]  # an int, as handlers write it
+    if kind == "overflowing_delay":
+        raise Reschedule("much later", timedelta(days=10**8))
+    if kind == "unprintable":
+        raise Unprintable()
+    if kind == "surrogate":
+        raise RuntimeError("bad text \udcff from a decoder")
+    if kind == "nul":
+        raise RuntimeError("a NUL \x00 inside")
+    if kind == "string_delay":
+        raise Reschedule("nonsense", "soon")  # type: ignore[arg-type]
+    return None
+
+
+@pytest.mark.parametrize(
+    "kind", ["int_delay", "overflowing_delay", "unprintable", "surrogate", "nul", "string_delay"]
+)
+def test_an_outcome_the_database_could_not_take_is_recorded_for_its_message_alone(
+    any_store: Store, kind: str
+) -> None:
+    calls = Calls(_bad_outcome)
+    good = [send(any_store, f"good-{n}") for n in range(5)]
+    bad = send(any_store, "bad", kind=kind)
+    later = [send(any_store, f"good-{n}") for n in range(5)]
+    run = engine(any_store, calls, settings(policy={"time_to_live": None}))
+    run.run_once()
+    run.run_once()  # nothing is called twice, nothing replayed
+    assert sorted(calls.ids()) == sorted([*good, bad, *later])
+    left = rows(any_store)
+    assert set(left) == {bad}, "every good message is recorded, whatever the bad one's outcome"
+    message = left[bad]
+    if kind in ("int_delay", "overflowing_delay", "string_delay"):
+        assert message.reschedule_count == 1 and message.attempt == 0
+        assert message.next_attempt_at is not None and message.next_attempt_at > any_store.now()
+    else:
+        assert message.attempt == 1 and message.last_error  # a recorded failure with a readable reason
+        assert "\x00" not in message.last_error
+
+
+def test_an_int_delay_means_seconds(any_store: Store) -> None:
+    send(any_store, "h", kind="int_delay")
+    before = any_store.now()
+    engine(any_store, Calls(_bad_outcome)).run_once()
+    (message,) = rows(any_store).values()
+    assert message.next_attempt_at is not None
+    assert timedelta(seconds=29) <= message.next_attempt_at - before <= timedelta(seconds=40)
+
+
+# -- 2. a transient error at the write is retried, not replayed ------------------------------------------------
+
+
+def test_outcomes_of_rows_another_session_holds_are_written_later_while_the_others_flow(store: Store) -> None:
+    """A session holds one hint's row locked (FOR UPDATE): that outcome waits, other hints are recorded."""
+    held = send(store, "locked-hint")
+    free = [send(store, f"free-{n}") for n in range(10)]
+    locker = psycopg.connect(store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False))
+    try:
+        locker.execute("SELECT 1 FROM correlation_message WHERE id = %s FOR UPDATE", (held,))
+        metrics = Metrics()
+        calls = Calls()
+        run = engine(store, calls, metrics=metrics)
+        run.start()
+        wait_until(lambda: set(free).isdisjoint(rows(store)), "the free hints' outcomes written")
+        assert held in calls.ids() and held in rows(store), "the held row's outcome waits for its lock"
+        assert metrics.deferred_outcomes._value.get() >= 1
+        locker.rollback()
+        wait_until(lambda: held not in rows(store), "the held row's outcome written once the lock went")
+        assert sorted(calls.ids()) == sorted([held, *free]), "nothing called twice"
+    finally:
+        locker.close()
+
+
+def test_a_write_that_fails_is_retried_and_no_call_is_made_twice(store: Store) -> None:
+    """The worker's connections are terminated over and over while it works: each message is called once."""
+    ids = [send(store, f"h-{n % 40}") for n in range(400)]
+    calls = Calls(lambda message: time.sleep(0.002))
+    metrics = Metrics()
+    run = engine(store, calls, settings(poll={"concurrency": 4, "page_size": 20}), metrics)
+    run.start()
+    database = store.engine.url.database
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    killer = psycopg.connect(url, autocommit=True, application_name="test-killer")
+
+    def left() -> set[int]:
+        return {row[0] for row in killer.execute("SELECT id FROM correlation_message")}
+
+    try:
+        disturbed_until = time.monotonic() + 3.0  # terminate the worker's sessions for a while, then let it finish
+        while set(ids) & left() and time.monotonic() < disturbed_until:
+            killer.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND application_name = 'correlation-worker' AND pid <> pg_backend_pid()",
+                (database,),
+            )
+            time.sleep(0.05)
+        wait_until(lambda: not set(ids) & left(), "every message correlated")
+    finally:
+        killer.close()
+    assert sorted(calls.ids()) == sorted(ids), "every message called exactly once"
+    assert metrics.database_errors._value.get() > 0, "the test did disturb the worker"
+    assert metrics.redeliveries._value.get() == 0
+
+
+# -- 3. rows the worker cannot read are dead-lettered with a reason; their slot goes on ---------------------
+
+
+def test_a_payload_the_worker_cannot_decode_is_dead_with_a_reason_and_its_slot_goes_on(store: Store) -> None:
+    deep = "[" * 5000 + "]" * 5000  # valid JSON to the database, deeper than the worker's decoder allows
+    sql(store, "INSERT INTO correlation_message (message_name, correlation_hint, payload) "
+               "VALUES ('n', 'deep', CAST(:p AS jsonb))", p=deep)
+    (unreadable,) = rows(store)
+    same_slot = _hint_in_slot(store, rows(store)[unreadable].slot, "neighbour-")
+    neighbour = send(store, same_slot)
+    metrics = Metrics()
+    calls = Calls()
+    result = engine(store, calls, metrics=metrics).run_once()
+    assert calls.ids() == [neighbour]
+    dead = rows(store)[unreadable]
+    assert dead.state is MessageState.DEAD and "cannot read this message" in (dead.last_error or "")
+    assert result.unreadable == 1 and metrics.unreadable._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "constraint"),
+    [
+        ("next_attempt_at", "'-infinity'", "correlation_message_next_attempt_at_readable"),
+        ("next_attempt_at", "'infinity'", "correlation_message_next_attempt_at_readable"),
+        ("next_attempt_at", "'0044-03-15 BC'", "correlation_message_next_attempt_at_readable"),
+        ("created_at", "'0044-03-15 BC'", "correlation_message_created_at_after_year_1"),
+        ("attempt", "2147483647", "correlation_message_attempt_at_most_a_billion"),
+        ("reschedule_count", "2147483647", "correlation_message_reschedule_count_at_most_a_billion"),
+        ("lost_calls", "2000000000", "correlation_message_lost_calls_in_range"),
+        ("payload", "jsonb_build_object('blob', repeat('x', 1100000))", "correlation_message_payload_at_most_1_mib"),
+    ],
+)
+def test_the_schema_refuses_worker_owned_values_the_worker_could_not_read_or_record(
+    store: Store, column: str, value: str, constraint: str
+) -> None:
+    with pytest.raises(IntegrityError, match=constraint):
+        sql(store, f"INSERT INTO correlation_message (message_name, correlation_hint, {column}) "
+                   f"VALUES ('n', 'h', {value})")
+
+
+# -- 5. commit order: a message waits while an earlier id of its hint may still commit ---------------------
+
+
+def test_a_later_message_waits_for_an_earlier_one_whose_transaction_commits_after_it(store: Store) -> None:
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    first = psycopg.connect(url)
+    calls = Calls()
+    try:
+        first_id = first.execute(
+            "INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', 'h') RETURNING id"
+        ).fetchone()[0]  # type: ignore[index]
+        second_id = send(store, "h")  # committed first, with the larger id
+        run = engine(store, calls, settings(order={"max_wait": "PT60S"}))
+        run.run_once()
+        assert second_id not in calls.ids(), "held back behind the open transaction"
+        first.commit()
+        run.run_once()
+        assert calls.of("h") == [first_id, second_id]
+    finally:
+        first.close()
+
+
+def test_a_producer_transaction_left_open_holds_others_back_for_at_most_the_bound(store: Store) -> None:
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    slow = psycopg.connect(url)
+    metrics = Metrics()
+    calls = Calls()
+    try:
+        slow.execute("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', 'slow')")
+        waiting = send(store, "unrelated")
+        run = engine(store, calls, settings(order={"max_wait": "PT1S"}), metrics)
+        started = time.monotonic()
+        run.start()
+        wait_until(lambda: waiting in calls.ids(), "the message correlated once the bound passed")
+        assert time.monotonic() - started >= 0.9, "held back while the producer was open, up to the bound"
+        assert metrics.order_wait_timeouts._value.get() == 1
+    finally:
+        slow.close()
+
+
+def test_a_transaction_that_inserts_no_message_holds_nothing_back(store: Store) -> None:
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    unrelated = psycopg.connect(url)
+    calls = Calls()
+    try:
+        unrelated.execute("CREATE TEMP TABLE busy (x int)")
+        unrelated.execute("INSERT INTO busy VALUES (1)")  # a writing transaction, open, with an xid
+        message = send(store, "h")
+        engine(store, calls, settings(order={"max_wait": "PT60S"})).run_once()
+        assert calls.ids() == [message]
+    finally:
+        unrelated.close()
+
+
+def test_concurrent_producers_of_one_hint_are_correlated_in_id_order(store: Store) -> None:
+    """Four producers insert into the same hints, each keeping its transaction open a random while: whatever
+    order they commit in, every hint's messages are called in id order."""
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"concurrency": 4}))
+    run.start()
+    stop = threading.Event()
+
+    def produce(seed: int) -> None:
+        import random
+
+        rng = random.Random(seed)
+        with psycopg.connect(url) as connection:
+            while not stop.is_set():
+                for _ in range(rng.randint(1, 3)):
+                    connection.execute(
+                        "INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', %s)",
+                        (f"h-{rng.randrange(4)}",),
+                    )
+                time.sleep(rng.random() * 0.02)
+                connection.commit()
+
+    producers = [threading.Thread(target=produce, args=(seed,)) for seed in range(4)]
+    for producer in producers:
+        producer.start()
+    time.sleep(3.0)  # pacing only: the producers run for a while
+    stop.set()
+    for producer in producers:
+        producer.join()
+    wait_until(lambda: not rows(store), "everything correlated")
+    for hint in (f"h-{n}" for n in range(4)):
+        assert calls.of(hint) == sorted(calls.of(hint)), f"{hint} was correlated out of id order"
+    assert len(calls.ids()) == len(set(calls.ids()))
+
+
+# -- 6. lanes: a slow or hot hint never delays another -------------------------------------------------------
+
+
+def test_a_slow_hint_and_a_hot_hint_never_delay_a_new_message_of_another_hint(store: Store) -> None:
+    slow = [send(store, "slow", seconds=0.2) for _ in range(30)]
+    slot = rows(store)[slow[0]].slot
+    hot_hint = _hint_in_slot(store, slot, "hot-")  # the same slot as the slow hint
+    sql(store, "INSERT INTO correlation_message (message_name, correlation_hint) "
+               "SELECT 'n', :hint FROM generate_series(1, 20000)", hint=hot_hint)
+    calls = Calls(lambda message: time.sleep(float(message.payload.get("seconds", 0))))
+    run = engine(store, calls, settings(poll={"concurrency": 2}))
+    run.start()
+    wait_until(lambda: len(calls.of(hot_hint)) > 100 and calls.of("slow"), "both hints under way")
+    newcomer = send(store, _hint_in_slot(store, slot, "new-"))
+    wait_until(lambda: newcomer in calls.ids(), "the new message called")
+    assert len(calls.of("slow")) < len(slow), "called while the slow hint still had work"
+    assert len(calls.of(hot_hint)) < 20000, "called while the hot hint still had work"
+
+
+def test_concurrency_counts_calls_in_flight_across_slots(store: Store) -> None:
+    for n in range(40):
+        send(store, f"hint-{n}")
+    calls = Calls(lambda message: time.sleep(0.05))
+    run = engine(store, calls, settings(poll={"concurrency": 4}))
+    run.start()
+    wait_until(lambda: len(calls.ids()) == 40, "every hint called")
+    assert calls.most == 4
+
+
+# -- 7. expiry is judged at the moment of the call --------------------------------------------------------
+
+
+def test_a_message_that_expires_while_waiting_behind_a_slow_call_of_its_hint_is_never_called(any_store: Store) -> None:
+    now = any_store.now()
+    slow = send(any_store, "h", seconds=1.0)
+    expiring = any_store.messages_insert(
+        NewMessage("n", "h", {}, created_at=now - timedelta(seconds=1), expires_at=now + timedelta(seconds=0.5))
+    )
+    after = send(any_store, "h")
+    calls = Calls(lambda message: time.sleep(float(message.payload.get("seconds", 0))))
+    engine(any_store, calls).run_once()
+    assert calls.ids() == [slow, after]
+    assert expiring in rows(any_store), "left for cleanup, never called"
+
+
+# -- 9. batch size 1 reads what it takes -------------------------------------------------------------------
+
+
+def test_batch_size_one_on_a_long_hint_reads_one_message_per_fetch(store: Store) -> None:
+    from worker.config import Mode
+    from worker.db.messages import _batches_statement
+
+    sql(store, "INSERT INTO correlation_message (message_name, correlation_hint) "
+               "SELECT 'n', 'long' FROM generate_series(1, 50000)")
+    sql(store, "ANALYZE correlation_message")
+    statement = _batches_statement("postgresql", Mode.FAIL_FIRST).text
+    with store.engine.connect() as connection:
+        plan = connection.execute(
+            text("EXPLAIN (ANALYZE, FORMAT JSON) " + statement),
+            {"hints": ["long"], "horizon": 2**62, "per_hint": 1, "limit": 1},
+        ).scalar_one()
+
+    def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from walk(child)
+
+    touched = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0)
+                  for n in walk(plan[0]["Plan"]))
+    assert touched < 20, f"one message of a 50 000-message hint touched {touched} rows"
+
+
+# -- 14. threads stay bounded when calls hang --------------------------------------------------------------
+
+
+def test_hung_calls_keep_the_threads_bounded_and_make_the_engine_unhealthy_when_they_hold_every_lane(
+    store: Store,
+) -> None:
+    release = threading.Event()
+    hung = [send(store, f"hung-{n}") for n in range(8)]
+    started: list[int] = []
+    calls = Calls(lambda message: (started.append(message.id), release.wait(30)))
+    run = engine(store, calls, settings(poll={"concurrency": 2}, policy={"handler_timeout": "PT0.3S"}))
+    before = threading.active_count()
+    try:
+        run.start()
+        wait_until(lambda: run.health() is not None, "every lane held by a stuck call")
+        assert "stuck" in (run.health() or "")
+        wait_until(lambda: len([m for m in rows(store).values() if m.attempt == 1]) == len(started),
+                   "every stuck call recorded as a timeout")
+        count = len(started)
+        assert 2 <= count <= 2 * 2, "at most one replacement lane per lane"
+        time.sleep(0.5)  # an absence: no call starts while every lane is stuck
+        assert len(started) == count and run.lanes.waiting() > 0
+        # engine threads: committer, marker, two fetchers, the watchdog, two lanes and two replacements at most
+        assert threading.active_count() - before <= 7 + 2, "no thread per timed-out call"
+        stuck = [m for m in rows(store).values() if m.attempt == 1]
+        assert all("did not return" in (m.last_error or "") for m in stuck)
+    finally:
+        release.set()
+    wait_until(lambda: run.health() is None, "healthy again once the calls returned")
+    assert set(started) <= set(hung)
+
+
+# -- 15. a call starts only if the lease outlasts it --------------------------------------------------------
+
+
+class ShortLeases(AllSlots):
+    """Every slot, but one whose lease ends sooner than any call may take."""
+
+    def __init__(self, slot_count: int, short: int) -> None:
+        super().__init__(slot_count)
+        self.short = short
+
+    def safe_for(self, slot: int) -> float:
+        return 0.1 if slot == self.short else float("inf")
+
+
+def test_no_call_starts_on_a_slot_whose_lease_could_end_before_the_call(store: Store) -> None:
+    endangered = send(store, "a")
+    slot = rows(store)[endangered].slot
+    safe = send(store, _hint_in_slot(store, (slot + 1) % 64, "b-"))
+    calls = Calls()
+    run = Engine(store, Router({"*": calls}), settings(), ShortLeases(64, slot))
+    stop_at_teardown(lambda: run.stop(grace=0))
+    run.run_once()
+    assert calls.ids() == [safe]
+    assert rows(store)[endangered].attempt == 0, "left untouched for a replica whose lease lasts"
+
+
+# -- wake-ups -------------------------------------------------------------------------------------------------
+
+
+def test_a_message_is_called_at_once_on_its_producers_notify_long_before_the_poll(store: Store) -> None:
+    from worker.db.listener import Listener
+
+    settings_ = settings(poll={"interval": "PT60S"})
+    calls = Calls()
+    run = engine(store, calls, settings_)
+    listener = Listener(settings_.database.model_copy(update={"url": str(store.engine.url.render_as_string(
+        hide_password=False))}), settings_.notify, run.wake, run.metrics)
+    thread = threading.Thread(target=listener.run, daemon=True)
+    thread.start()
+    try:
+        run.start()
+        wait_until(lambda: run.metrics.listener_up._value.get() == 1, "the listener connected")
+        time.sleep(0.2)  # pacing: the first fetches of every slot are over
+        message = send(store, "h")
+        wait_until(lambda: message in calls.ids(), "called on the notification", timeout=10)
+        # After the listener's connection is terminated, it reconnects and looks at every slot again.
+        sql(store, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                   "WHERE application_name = 'correlation-worker listener'")
+        wait_until(lambda: run.metrics.listener_reconnects._value.get() >= 1, "the listener reconnected")
+        again = send(store, "h2")
+        wait_until(lambda: again in calls.ids(), "called after the reconnection", timeout=10)
+    finally:
+        listener.stop()
+        thread.join(timeout=5)
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+
+
+def _hint_in_slot(store: Store, slot: int, prefix: str) -> str:
+    found = sql(store, "SELECT h FROM (SELECT :prefix || i AS h FROM generate_series(1, 10000) AS i) AS hints "
+                       "WHERE ((hashtext(h) % 64) + 64) % 64 = :slot LIMIT 1", prefix=prefix, slot=slot)
+    return str(found[0][0])
+
