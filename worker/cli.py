@@ -26,6 +26,7 @@ from worker import __version__
 from worker.admin import messages as admin_messages
 from worker.admin import operations as admin
 from worker.admin import pauses as admin_pauses
+from worker.admin import schedule_actions
 from worker.admin import schedules as admin_schedules
 from worker.admin.auth import Caller
 from worker.config import ConfigError, Settings, load_settings, parse_duration
@@ -595,18 +596,21 @@ def schedules_add(
     headers_value = _json_option(headers, "--headers")
     _print_json(
         _with_store(
-            lambda store: admin_schedules.schedule_add(
+            lambda store: schedule_actions.add(
                 store,
-                name,
-                cron,
-                message_name,
-                hint=hint,
-                payload=payload_value,
-                headers=headers_value,
-                time_zone=zone,
-                singleton=not no_singleton,
-                misfire=misfire,
-                enabled=not disabled,
+                _cli_caller(),
+                {
+                    "name": name,
+                    "cron": cron,
+                    "message_name": message_name,
+                    "correlation_hint": hint,
+                    "payload": payload_value,
+                    "headers": headers_value,
+                    "time_zone": zone,
+                    "singleton": not no_singleton,
+                    "misfire": misfire,
+                    "enabled": not disabled,
+                },
             )
         )
     )
@@ -616,14 +620,14 @@ def schedules_add(
 @click.argument("name", required=False)
 def schedules_enable(name: str | None) -> None:
     """Enable schedule NAME, or without a name the whole scheduler."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_set_enabled(store, name, True)))
+    _print_json(_with_store(lambda store: schedule_actions.set_enabled(store, _cli_caller(), name, True)))
 
 
 @schedules.command("disable")
 @click.argument("name", required=False)
 def schedules_disable(name: str | None) -> None:
     """Disable schedule NAME, or without a name the whole scheduler."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_set_enabled(store, name, False)))
+    _print_json(_with_store(lambda store: schedule_actions.set_enabled(store, _cli_caller(), name, False)))
 
 
 @schedules.command("fire")
@@ -634,14 +638,14 @@ def schedules_disable(name: str | None) -> None:
 )
 def schedules_fire(name: str, action: str) -> None:
     """Publish schedule NAME's message now (action_type manual; the singleton rule does not apply)."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_fire(store, name, action)))
+    _print_json(_with_store(lambda store: schedule_actions.fire(store, _cli_caller(), name, action)))
 
 
 @schedules.command("delete")
 @click.argument("name")
 def schedules_delete(name: str) -> None:
     """Delete schedule NAME (the messages it published stay)."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_delete(store, name)))
+    _print_json(_with_store(lambda store: schedule_actions.delete(store, _cli_caller(), name)))
 
 
 @schedules.command("next")

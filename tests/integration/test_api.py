@@ -351,3 +351,56 @@ def test_the_audit_is_paged_newest_first(client: TestClient, store: Store) -> No
     assert [a["target"]["target"] for a in rest["items"]] == ["a"] and rest["next"] is None
     bad = client.get("/api/v1/audit", headers=auth(), params={"limit": "x"})
     assert bad.status_code == 400
+
+
+# -- schedules ----------------------------------------------------------------------------------------------------
+
+NIGHTLY = {"name": "nightly", "cron": "0 0 3 * * ?", "message_name": "report.due", "payload": {"kind": "daily"}}
+
+
+def test_schedules_are_added_shown_listed_switched_fired_and_deleted(client: TestClient, store: Store) -> None:
+    added = post(client, "/api/v1/schedules", NIGHTLY, status=201)
+    assert added["name"] == "nightly" and added["enabled"] and len(added["next_fire_times"]) == 5
+    listed = get(client, "/api/v1/schedules")
+    assert listed["scheduler_enabled"] and [s["name"] for s in listed["schedules"]] == ["nightly"]
+    assert get(client, "/api/v1/schedules/nightly")["payload"] == {"kind": "daily"}
+
+    patched = client.patch("/api/v1/schedules/nightly", headers=auth(), json={"enabled": False})
+    assert patched.status_code == 200 and patched.json()["enabled"] is False
+    assert store.schedule_get("nightly").enabled is False  # type: ignore[union-attr]
+
+    fired = post(client, "/api/v1/schedules/nightly/fire", {"action": "stop"})
+    assert fired["action"] == "stop" and fired["action_type"] == "manual"
+    message = store.console_message(fired["id"])
+    assert message is not None and message.message.name == "report.due"
+    assert message.message.headers["action"] == "stop" and message.message.headers["action_type"] == "manual"
+
+    assert post(client, "/api/v1/scheduler/disable", {})["scheduler_enabled"] is False
+    assert store.scheduler_is_enabled() is False and get(client, "/api/v1/status")["scheduler"] == {"enabled": False}
+    assert post(client, "/api/v1/scheduler/enable", {})["scheduler_enabled"] is True
+
+    deleted = client.delete("/api/v1/schedules/nightly", headers=auth())
+    assert deleted.status_code == 200 and store.schedule_get("nightly") is None
+    actions = [a["action"] for a in get(client, "/api/v1/audit")["items"]]
+    assert actions == ["schedules.delete", "scheduler.enable", "scheduler.disable", "schedules.fire",
+                       "schedules.disable", "schedules.add"]
+
+
+def test_schedule_errors_have_their_status(client: TestClient) -> None:
+    post(client, "/api/v1/schedules", NIGHTLY, status=201)
+    assert "exists already" in post(client, "/api/v1/schedules", NIGHTLY, status=409)["error"]
+    assert "invalid cron expression" in post(
+        client, "/api/v1/schedules", {**NIGHTLY, "name": "bad", "cron": "* * *"}, status=400)["error"]
+    assert "unknown field(s) colour" in post(
+        client, "/api/v1/schedules", {**NIGHTLY, "name": "c", "colour": "red"}, status=400)["error"]
+    assert client.get("/api/v1/schedules/missing", headers=auth()).status_code == 404
+    assert client.delete("/api/v1/schedules/missing", headers=auth()).status_code == 404
+    assert post(client, "/api/v1/schedules/missing/fire", {}, status=404)["error"].startswith("there is no schedule")
+    assert "unknown action 'explode'" in post(client, "/api/v1/schedules/nightly/fire", {"action": "explode"},
+                                             status=400)["error"]
+    patched = client.patch("/api/v1/schedules/nightly", headers=auth(), json={"cron": "0 0 4 * * ?"})
+    assert patched.status_code == 400 and "delete it and add it again" in patched.json()["error"]
+    assert post(client, "/api/v1/scheduler/explode", {}, status=404)["error"].startswith("no scheduler action")
+    post(client, "/api/v1/schedules/nightly/fire", {}, READ, status=403)
+    post(client, "/api/v1/scheduler/disable", {}, READ, status=403)
+    assert get(client, "/api/v1/schedules", READ)["schedules"][0]["name"] == "nightly"

@@ -261,3 +261,42 @@ def click_nav(driver: WebDriver, label: str) -> None:
     driver.find_element(By.CSS_SELECTOR, "header nav").find_element(By.LINK_TEXT, label).click()
     wait(driver, staleness_of(page), f"the {label} page to replace the last one")
     wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, "header nav a.on").text == label, f"the {label} page")
+
+
+def test_an_operator_disables_a_schedule_fires_it_by_hand_and_switches_the_scheduler_off(
+    browser: WebDriver, console_url: str, pg_url: str
+) -> None:
+    db = Database(pg_url)
+    db.rows(
+        "INSERT INTO correlation_schedule (name, cron, message_name, payload) "
+        "VALUES ('nightly', '0 0 3 * * ?', 'report.due', '{\"kind\": \"daily\"}')"
+    )
+    log_in(browser, console_url, WRITE)
+    assert text_of(browser, "scheduler") == "on"
+    click_nav(browser, "Schedules")
+    wait(browser, lambda d: text_of(d, "state-nightly") == "enabled", "the schedule listed")
+
+    click(browser, "toggle-nightly")
+    wait(browser, lambda d: text_of(d, "flash") == "disabled schedule 'nightly'", "the schedule to be disabled")
+    assert text_of(browser, "state-nightly") == "disabled"
+    assert db.rows("SELECT enabled FROM correlation_schedule") == [{"enabled": False}]
+
+    Select(browser.find_element(By.ID, "action-nightly")).select_by_value("pause")
+    click(browser, "fire-nightly")
+    wait(browser, lambda d: text_of(d, "flash").startswith("fired schedule 'nightly' (pause)"), "the manual fire")
+    published = db.rows("SELECT message_name, correlation_hint, headers FROM correlation_message")
+    assert len(published) == 1 and published[0]["message_name"] == "report.due"
+    assert published[0]["correlation_hint"] == "nightly"
+    assert (published[0]["headers"]["action"], published[0]["headers"]["action_type"]) == ("pause", "manual")
+
+    click(browser, "scheduler-switch")
+    wait(browser, lambda d: text_of(d, "scheduler-state") == "off", "the scheduler switched off")
+    assert db.rows("SELECT enabled FROM correlation_scheduler") == [{"enabled": False}]
+    shoot(browser, "11-schedules")
+    browser.find_element(By.LINK_TEXT, "nightly").click()
+    wait(browser, lambda d: d.find_elements(By.ID, "schedule"), "the schedule's page")
+    assert "yes" in text_of(browser, "running")  # its manual message is still in the table
+    shoot(browser, "12-schedule")
+    audit = db.rows("SELECT actor, via, action FROM correlation_audit ORDER BY id")
+    assert [row["action"] for row in audit] == ["schedules.disable", "schedules.fire", "scheduler.disable"]
+    assert {(row["actor"], row["via"]) for row in audit} == {("admin", "ui")}

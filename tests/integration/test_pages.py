@@ -107,10 +107,16 @@ def test_pages_carry_security_headers_and_escape_what_producers_wrote(client: Te
 
 def test_every_page_answers_for_a_logged_in_operator(client: TestClient, store: Store) -> None:
     row_id = add(store, "order-1", state="dead", last_error="boom")
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO correlation_schedule (name, cron, message_name) VALUES ('nightly', '0 0 3 * * ?', 'r')"
+        )
     log_in(client)
-    for path in ("/ui/", "/ui/overview/live", "/ui/messages?state=dead", f"/ui/messages/{row_id}",
+    for path in ("/ui/schedules", "/ui/schedules/nightly", "/ui/", "/ui/overview/live", "/ui/messages?state=dead",
+                 f"/ui/messages/{row_id}",
                  "/ui/hints/order-1", "/ui/dead", "/ui/bulk?action=requeue&state=dead", "/ui/pauses", "/ui/audit"):
         response = client.get(path)
         assert response.status_code == 200, (path, response.text)
     assert client.get("/ui/messages?state=sleeping").status_code == 400
     assert client.get("/ui/messages/999999").status_code == 404
+    assert client.get("/ui/schedules/missing").status_code == 404

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker.admin import audit, messages, overview, pauses
+from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import Caller
 from worker.admin.errors import AdminError, BadRequest, Forbidden, NotFound
 from worker.db.console import BULK_ACTIONS
@@ -161,6 +161,46 @@ def api_application(console: Console) -> Starlette:
         before, limit = audit.parse_page(dict(request.query_params))
         return await run_in_threadpool(audit.audit_page, store, before, limit)
 
+    async def list_schedules(_request: Request, _caller: Caller) -> Any:
+        """GET /schedules: the scheduler's switch and every schedule."""
+        return await run_in_threadpool(schedules.schedules_list, store)
+
+    async def add_schedule(request: Request, caller: Caller) -> Any:
+        """POST /schedules: add a schedule."""
+        body = await json_body(request)
+        return await run_in_threadpool(schedule_actions.add, store, caller, body)
+
+    async def one_schedule(request: Request, _caller: Caller) -> Any:
+        """GET /schedules/{name}: its status (next fire times, running, last error, counts)."""
+        return await run_in_threadpool(schedules.schedule_show, store, request.path_params["name"])
+
+    async def patch_schedule(request: Request, caller: Caller) -> Any:
+        """PATCH /schedules/{name}: enable or disable it."""
+        body = await json_body(request)
+        return await run_in_threadpool(schedule_actions.patch, store, caller, request.path_params["name"], body)
+
+    async def delete_schedule(request: Request, caller: Caller) -> Any:
+        """DELETE /schedules/{name}: delete it (its messages stay)."""
+        return await run_in_threadpool(schedule_actions.delete, store, caller, request.path_params["name"])
+
+    async def fire_schedule(request: Request, caller: Caller) -> Any:
+        """POST /schedules/{name}/fire: publish its message now with an action."""
+        body = await json_body(request)
+        unknown = sorted(set(body) - {"action"})
+        if unknown:
+            raise BadRequest(f"unknown field(s) {', '.join(unknown)}; firing takes only \"action\"")
+        action = body.get("action", "start")
+        if not isinstance(action, str):
+            raise BadRequest(f"'action' must be one of {', '.join(schedules.ACTIONS)}")
+        return await run_in_threadpool(schedule_actions.fire, store, caller, request.path_params["name"], action)
+
+    async def switch_scheduler(request: Request, caller: Caller) -> Any:
+        """POST /scheduler/{enable|disable}: the whole scheduler on or off."""
+        switch = request.path_params["switch"]
+        if switch not in ("enable", "disable"):
+            raise NotFound(f"no scheduler action {switch!r}; use enable or disable")
+        return await run_in_threadpool(schedule_actions.set_enabled, store, caller, None, switch == "enable")
+
     async def http_error(_request: Request, error: Exception) -> Response:
         """The router's own errors (no such route, wrong method) as JSON."""
         if isinstance(error, HTTPException):
@@ -179,5 +219,12 @@ def api_application(console: Console) -> Starlette:
         Route("/pauses", guarded(add_pause, write=True, created=True), methods=["POST"]),
         Route("/pauses/{pause_id:int}", guarded(lift_pause, write=True), methods=["DELETE"]),
         Route("/audit", guarded(audit_trail), methods=["GET"]),
+        Route("/schedules", guarded(list_schedules), methods=["GET"]),
+        Route("/schedules", guarded(add_schedule, write=True, created=True), methods=["POST"]),
+        Route("/schedules/{name:path}/fire", guarded(fire_schedule, write=True), methods=["POST"]),
+        Route("/schedules/{name:path}", guarded(one_schedule), methods=["GET"]),
+        Route("/schedules/{name:path}", guarded(patch_schedule, write=True), methods=["PATCH"]),
+        Route("/schedules/{name:path}", guarded(delete_schedule, write=True), methods=["DELETE"]),
+        Route("/scheduler/{switch}", guarded(switch_scheduler, write=True), methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -100,6 +100,7 @@ def overview(
     (``waiting``: ready, due later; ``expired``: past ``expires_at``). ``oldest_eligible_age_seconds``: how long
     the oldest message that could be correlated now has waited (a lower bound past a few hints per slot).
     ``throughput``: see :class:`Throughput`. ``replicas``: live replicas, their slots and earliest lease expiry.
+    ``scheduler``: whether the cluster-wide switch of the schedules is on.
     """
     census = store.console_census(count_limit)
     oldest = store.console_oldest_eligible(mode, OLDEST_BUDGET)
@@ -117,6 +118,7 @@ def overview(
         "slots": store.slot_count,
         "pauses": len(pauses),
         "paused_everything": any(pause.scope == "all" for pause in pauses),
+        "scheduler": {"enabled": store.scheduler_is_enabled()},
         "mode": mode.value,
         "database_time": census.now.isoformat(),
     }

@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from worker.admin import audit, messages, overview, pauses
+from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import LOGIN_COOKIE, SESSION_COOKIE, Session
 from worker.admin.errors import AdminError, BadRequest
 from worker.db.console import BULK_ACTIONS
@@ -343,6 +343,59 @@ def pages_application(console: Console) -> Starlette:
         data = await run_in_threadpool(audit.audit_page, store, before, limit)
         return render(request, "audit.html", session, title="Audit", section="audit", data=data)
 
+    # -- schedules -------------------------------------------------------------------------------------------------
+
+    async def schedules_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        data = await run_in_threadpool(schedules.schedules_list, store)
+        return render(request, "schedules.html", session, title="Schedules", section="schedules", data=data,
+                      actions=schedules.ACTIONS, misfires=schedules.MISFIRE_POLICIES)
+
+    async def schedule_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        data = await run_in_threadpool(schedules.schedule_show, store, request.path_params["name"])
+        return render(request, "schedule.html", session, title=f"Schedule {data['name']}", section="schedules",
+                      schedule=data, actions=schedules.ACTIONS)
+
+    async def schedule_add(request: Request, session: Session, form: FormData | None) -> Response:
+        assert form is not None
+        fields = {key: _text(form.get(key)) or None for key in
+                  ("name", "cron", "message_name", "correlation_hint", "time_zone", "misfire")}
+        data: dict[str, Any] = {key: value for key, value in fields.items() if value is not None}
+        for key in ("payload", "headers"):
+            raw = (_text(form.get(key)) or "").strip()
+            if raw:
+                try:
+                    data[key] = json.loads(raw)
+                except ValueError as error:
+                    raise BadRequest(f"the {key} is not valid JSON ({error})") from None
+        data["singleton"] = form.get("singleton") == "on"
+        shown = await run_in_threadpool(schedule_actions.add, store, session.caller, data)
+        return redirect(request, f"{ui(request)}/schedules", f"added schedule {shown['name']!r}")
+
+    async def schedule_action(request: Request, session: Session, form: FormData | None) -> Response:
+        assert form is not None
+        name, verb = request.path_params["name"], request.path_params["verb"]
+        back = f"{ui(request)}/schedules"
+        if verb in ("enable", "disable"):
+            await run_in_threadpool(schedule_actions.set_enabled, store, session.caller, name, verb == "enable")
+            note = f"{verb}d schedule {name!r}"
+        elif verb == "fire":
+            action = _text(form.get("action")) or "start"
+            fired = await run_in_threadpool(schedule_actions.fire, store, session.caller, name, action)
+            note = f"fired schedule {name!r} ({action}): message {fired['id']}"
+        elif verb == "delete":
+            await run_in_threadpool(schedule_actions.delete, store, session.caller, name)
+            note = f"deleted schedule {name!r}"
+        else:
+            raise BadRequest(f"no schedule action {verb!r}; use enable, disable, fire or delete")
+        return redirect(request, _safe_next(ui(request), _text(form.get("back")) or back), note)
+
+    async def scheduler_switch(request: Request, session: Session, _form: FormData | None) -> Response:
+        switch = request.path_params["switch"]
+        if switch not in ("enable", "disable"):
+            raise BadRequest(f"no scheduler action {switch!r}; use enable or disable")
+        await run_in_threadpool(schedule_actions.set_enabled, store, session.caller, None, switch == "enable")
+        return redirect(request, f"{ui(request)}/schedules", f"the scheduler is {switch}d")
+
     routes = [
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
@@ -360,6 +413,11 @@ def pages_application(console: Console) -> Starlette:
         Route("/pauses", page(pause_add, write=True), methods=["POST"]),
         Route("/pauses/{pause_id:int}/lift", page(pause_lift, write=True), methods=["POST"]),
         Route("/audit", page(audit_page), methods=["GET"]),
+        Route("/schedules", page(schedules_page), methods=["GET"]),
+        Route("/schedules", page(schedule_add, write=True), methods=["POST"]),
+        Route("/schedules/{name:path}/{verb}", page(schedule_action, write=True), methods=["POST"]),
+        Route("/schedules/{name:path}", page(schedule_page), methods=["GET"]),
+        Route("/scheduler/{switch}", page(scheduler_switch, write=True), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(routes=routes)
