@@ -23,6 +23,8 @@ SETTINGS = {
     "lease__renew_interval": "PT1S",
     "lease__safety_margin": "PT0.5S",
     "lease__drain": "PT0.5S",
+    # A call must end before its slot lease could (duration - renew interval - safety margin = 1.5 s).
+    "policy__handler_timeout": "PT1S",
     "policy__backoff_unit": "PT0.2S",
     "policy__backoff_cap": "PT0.2S",
     "correlators": json.dumps({"held.job": "schedule_handlers:hold_until_released", "*": "recorder:handle"}),
