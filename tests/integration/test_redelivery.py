@@ -6,6 +6,9 @@ its term is ended in the database (no waiting for clocks), then another replica 
 
 from __future__ import annotations
 
+import threading
+import time
+
 from sqlalchemy import text
 
 from tests.conftest import stop_at_teardown
@@ -15,7 +18,7 @@ from worker.correlators import Router
 from worker.db.messages import InFlight
 from worker.db.store import NewMessage, Store
 from worker.engine.engine import Engine
-from worker.engine.leases import SlotLeaser
+from worker.engine.leases import SlotLeaser, slot_lock_name
 from worker.message import Message, MessageState
 from worker.service.metrics import Metrics
 
@@ -112,11 +115,11 @@ def test_a_message_whose_calls_kill_its_replica_is_dead_after_poison_after_crash
     holder = leaser(store, "replica-0")
     holder.run_once()
     for crash in (1, 2):  # the call of `poison` was running alone when its replica died
-        die_with_marks(store, holder, slot, InFlight(runs=((poison,),)))
+        die_with_marks(store, holder, slot, InFlight(runs=((poison,),), alone=(poison,)))
         holder = take_over(store, Metrics(), slot, f"replica-{crash}")
         adoption = store.slot_adopt_lost_calls(holder.fence(slot), _settle(3))  # type: ignore[arg-type]
         assert adoption.crashed == (poison,) and not adoption.poisoned
-    die_with_marks(store, holder, slot, InFlight(runs=((poison,),)))
+    die_with_marks(store, holder, slot, InFlight(runs=((poison,),), alone=(poison,)))
     metrics = Metrics()
     heir = take_over(store, metrics, slot, "heir")
     calls: list[int] = []
@@ -135,24 +138,29 @@ def _settle(poison_after: int):  # type: ignore[no-untyped-def]
     from worker.policy.outcomes import settle_lost_call
 
     return lambda call: settle_lost_call(
-        call.lost_calls, call.crashed_calls, call.last_error, call.crashed, poison_after
+        call.lost_calls, call.crashed_calls, call.last_error, abandoned=call.abandoned, alone=call.alone,
+        poison_after=poison_after,
     )
 
 
-def test_marks_of_a_run_and_of_calls_abandoned_at_shutdown_count_as_lost_but_not_as_crashes(store: Store) -> None:
+def test_calls_that_ran_beside_others_count_as_crashes_never_attributed_and_abandoned_ones_as_neither(
+    store: Store,
+) -> None:
     dead = leaser(store, "dead")
     dead.run_once()
     ran, together = send(store, "h-1"), send(store, "h-1")
     slot = store.messages_get(ran).slot  # type: ignore[union-attr]
+    single = send(store, hint_in_slot(store, slot, "single-"))  # a run of one, but other lanes were calling
     abandoned = send(store, hint_in_slot(store, slot, "other-"))
-    die_with_marks(store, dead, slot, InFlight(runs=((ran, together),), abandoned=(abandoned,)))
+    die_with_marks(store, dead, slot, InFlight(runs=((ran, together), (single,)), abandoned=(abandoned,)))
     heir = take_over(store, Metrics(), slot)
     adoption = store.slot_adopt_lost_calls(heir.fence(slot), _settle(1))  # type: ignore[arg-type]
-    assert sorted(adoption.lost) == sorted([ran, together, abandoned]) and adoption.crashed == ()
-    for row_id in (ran, together, abandoned):
+    assert sorted(adoption.lost) == sorted([ran, together, single, abandoned]) and adoption.crashed == ()
+    assert adoption.poisoned == (), "poison_after=1, yet nothing ran alone: nobody is blamed"
+    for row_id, crashes in ((ran, 1), (together, 1), (single, 1), (abandoned, 0)):
         message = store.messages_get(row_id)
-        assert message is not None and message.lost_calls == 1 and message.crashed_calls == 0
-        assert message.state is MessageState.READY
+        assert message is not None and (message.lost_calls, message.crashed_calls) == (1, crashes)
+        assert message.state is MessageState.READY and message.redelivered
 
 
 def test_marks_in_the_first_revisions_format_are_read_as_one_run(store: Store) -> None:
@@ -164,3 +172,36 @@ def test_marks_in_the_first_revisions_format_are_read_as_one_run(store: Store) -
     heir = take_over(store, Metrics(), slot)
     adoption = store.slot_adopt_lost_calls(heir.fence(slot), _settle(1))  # type: ignore[arg-type]
     assert sorted(adoption.lost) == [first, second] and adoption.crashed == ()
+
+
+def test_a_message_delivered_again_is_called_with_no_other_call_beside_it_and_marked_so(store: Store) -> None:
+    dead = leaser(store, "dead")
+    dead.run_once()
+    lost = send(store, "lost-1")
+    slot = store.messages_get(lost).slot  # type: ignore[union-attr]
+    others = [send(store, hint_in_slot(store, slot, f"h{n}-")) for n in range(12)]  # more hints than lanes
+    die_with_marks(store, dead, slot, InFlight(runs=((lost,),)))
+    heir = take_over(store, Metrics(), slot)
+    guard = threading.Lock()
+    running: set[int] = set()
+    beside: set[int] = set()  # calls that ran while the lost message's call did
+    marks_during: list[InFlight] = []
+
+    def handler(message: Message) -> None:
+        with guard:
+            running.add(message.id)
+            if lost in running:
+                beside.update(running - {lost})
+        if message.id == lost:
+            marks_during.append(InFlight.from_json(in_flight_marks(store).get(slot_lock_name(slot))))
+        time.sleep(0.05)
+        with guard:
+            running.discard(message.id)
+
+    settings = Settings(poll={"interval": "PT1S", "concurrency": 8}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, heir, Metrics(), heir.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    result = engine.run_once()
+    assert result.correlated == len(others) + 1 and result.adopted == 1
+    assert beside == set(), "no other call ran while the message delivered again was being called"
+    assert [m.alone for m in marks_during] == [(lost,)], "its mark says it ran alone"

@@ -116,15 +116,16 @@ class LostCall:
     lost_calls: int
     crashed_calls: int
     last_error: str | None
-    crashed: bool  # it was marked alone (attributable) rather than in a run or abandoned at shutdown
+    abandoned: bool  # given up at shutdown: lost, but its replica did not die during it
+    alone: bool  # no other call ran in its replica meanwhile: a crash then is attributable to it
 
 
 @dataclass(frozen=True, slots=True)
 class Adoption:
     """What taking over a slot's in-flight marks did."""
 
-    lost: tuple[int, ...] = ()  # calls counted as lost (their messages are delivered again, one call at a time)
-    crashed: tuple[int, ...] = ()  # of them, calls attributed to the death of their replica
+    lost: tuple[int, ...] = ()  # calls counted as lost (their messages are delivered again, each call alone)
+    crashed: tuple[int, ...] = ()  # of them, calls that ran alone: their replica's death is attributed to them
     poisoned: tuple[tuple[int, str], ...] = ()  # (id, name) made dead as poison messages
     kept: int = 0  # marks left for later: their rows were locked by another session
 
@@ -146,17 +147,24 @@ class Pause:
 
 @dataclass(frozen=True, slots=True)
 class InFlight:
-    """A lease's in-flight marks: runs of calls marked together, and calls abandoned at shutdown."""
+    """A lease's in-flight marks: runs of calls marked together, calls abandoned at shutdown, and which of the
+    calls run alone in their replica (no other call beside them: a crash during one is attributable to it)."""
 
     runs: tuple[tuple[int, ...], ...] = ()
     abandoned: tuple[int, ...] = ()
+    alone: tuple[int, ...] = ()
 
     def to_json(self) -> str | None:
         """The ``in_flight`` column's text (None when nothing is in flight)."""
         runs = [list(run) for run in self.runs if run]
         if not runs and not self.abandoned:
             return None
-        return json.dumps({"runs": runs, "abandoned": list(self.abandoned)}, separators=(",", ":"))
+        value: dict[str, list[Any]] = {"runs": runs, "abandoned": list(self.abandoned)}
+        marked = {i for run in runs for i in run}
+        alone = [i for i in self.alone if i in marked]
+        if alone:
+            value["alone"] = alone
+        return json.dumps(value, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, data: str | None) -> InFlight:
@@ -167,7 +175,11 @@ class InFlight:
         if isinstance(value, list):
             return cls(runs=(tuple(int(i) for i in value),))
         runs = tuple(tuple(int(i) for i in run) for run in value.get("runs", ()))
-        return cls(runs=runs, abandoned=tuple(int(i) for i in value.get("abandoned", ())))
+        return cls(
+            runs=runs,
+            abandoned=tuple(int(i) for i in value.get("abandoned", ())),
+            alone=tuple(int(i) for i in value.get("alone", ())),
+        )
 
 
 # -- reading rows ---------------------------------------------------------------------------------------------
@@ -821,8 +833,9 @@ class MessageStatements(StoreBase):
     ) -> Adoption:
         """Count the calls a slot's previous holder left in flight, in one transaction under the new term.
 
-        Each is a lost call; one marked alone is also a crash of its replica (``settle`` decides, e.g. that a
-        message is poison). Rows another session holds are left in the marks for a later adoption.
+        Each is a lost call, and unless abandoned at shutdown a crash; ``settle`` decides what that means (e.g.
+        that a message whose call ran alone is poison). Rows another session holds are left in the marks for a
+        later adoption.
         """
 
         def work(connection: Connection) -> Adoption:
@@ -831,8 +844,8 @@ class MessageStatements(StoreBase):
             if row is None:
                 raise LeaseLost(f"lease {fence.name} is no longer held by {fence.holder} (fence {fence.fence})")
             marks = InFlight.from_json(row.in_flight)
-            crashed_ids = {run[0] for run in marks.runs if len(run) == 1}
-            ids = sorted({i for run in marks.runs for i in run} | set(marks.abandoned))
+            alone_ids, abandoned_ids = set(marks.alone), set(marks.abandoned)
+            ids = sorted({i for run in marks.runs for i in run} | abandoned_ids)
             if not ids:
                 return Adoption()
             found = connection.execute(_LOST_ROWS[self.dialect], {"ids": ids}).all()
@@ -840,7 +853,8 @@ class MessageStatements(StoreBase):
             lost, crashed, poisoned = [], [], []
             for r in found:
                 call = LostCall(
-                    r.id, r.message_name, r.lost_calls, r.crashed_calls, r.last_error, r.id in crashed_ids
+                    r.id, r.message_name, r.lost_calls, r.crashed_calls, r.last_error,
+                    abandoned=r.id in abandoned_ids, alone=r.id in alone_ids,
                 )
                 outcome = settle(call)
                 connection.execute(
@@ -854,15 +868,17 @@ class MessageStatements(StoreBase):
                     },
                 )
                 lost.append(r.id)
-                if call.crashed:
+                if call.alone and not call.abandoned:
                     crashed.append(r.id)
                 if outcome.dead:
                     poisoned.append((r.id, r.message_name))
             settled = {r.id for r in found}
             kept = [i for i in ids if i in present and i not in settled]
-            alone = tuple((i,) for i in kept if i in crashed_ids)
-            together = tuple(i for i in kept if i not in crashed_ids)
-            rest = InFlight(runs=alone + ((together,) if together else ()))
+            rest = InFlight(
+                runs=tuple((i,) for i in kept if i not in abandoned_ids),
+                abandoned=tuple(i for i in kept if i in abandoned_ids),
+                alone=tuple(i for i in kept if i in alone_ids),
+            )
             connection.execute(_WRITE_MARKS, {"name": fence.name, "marks": rest.to_json()})
             return Adoption(tuple(lost), tuple(crashed), tuple(poisoned), len(kept))
 

@@ -87,21 +87,26 @@ class _SlotMarks:
     token_of: dict[int, int] = field(default_factory=dict)  # message id → its run's token
     abandoned: list[int] = field(default_factory=list)
     leaving: set[int] = field(default_factory=set)  # ids whose outcomes a flush is writing now
+    alone: set[int] = field(default_factory=set)  # ids called with no other call running in the replica
     version: int = 0  # of the last state handed out for writing
 
-    def add(self, token: int, ids: Sequence[int]) -> None:
+    def add(self, token: int, ids: Sequence[int], alone: bool) -> None:
         self.runs[token] = list(ids)
         for message_id in ids:
             self.token_of[message_id] = token
+        if alone:
+            self.alone.update(ids)
 
     def state(self) -> tuple[str | None, int]:
         """The marks to write (without the calls being recorded) and their new version."""
         gone = self.leaving
         runs = tuple(tuple(i for i in ids if i not in gone) for ids in self.runs.values())
         self.version += 1
-        return InFlight(runs, tuple(i for i in self.abandoned if i not in gone)).to_json(), self.version
+        abandoned = tuple(i for i in self.abandoned if i not in gone)
+        return InFlight(runs, abandoned, tuple(self.alone - gone)).to_json(), self.version
 
     def forget(self, message_id: int) -> None:
+        self.alone.discard(message_id)
         token = self.token_of.pop(message_id, None)
         if token is not None:
             ids = self.runs[token]
@@ -142,8 +147,10 @@ class Committer:
 
     # -- what lanes call -----------------------------------------------------------------------------------
 
-    def mark(self, slot: int, fence: Fence | None, ids: Sequence[int]) -> float | None:
+    def mark(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> float | None:
         """Mark these calls in flight on the slot's lease row before they start; blocks until written.
+
+        ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs).
 
         Returns the seconds left of the lease, or None when the calls must not start: the lease is gone, the
         replica stops, or the database cannot be written now (the hint is left for later).
@@ -154,7 +161,7 @@ class Committer:
         with self._cond:
             if self._stopping:
                 return None
-            self._slot(slot, fence).add(next(self._tokens), ids)
+            self._slot(slot, fence).add(next(self._tokens), ids, alone)
             self._requests.append(request)
             self._cond.notify_all()
         request.done.wait()

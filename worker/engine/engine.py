@@ -380,7 +380,10 @@ class Engine:
 
         def settle(call: LostCall) -> LostCallOutcome:
             poison_after = self.settings.policy_for(call.name).poison_after
-            return settle_lost_call(call.lost_calls, call.crashed_calls, call.last_error, call.crashed, poison_after)
+            return settle_lost_call(
+                call.lost_calls, call.crashed_calls, call.last_error, abandoned=call.abandoned, alone=call.alone,
+                poison_after=poison_after,
+            )
 
         adoption = self.store.slot_adopt_lost_calls(state.fence, settle)
         state.adopted = adoption.kept == 0
@@ -388,8 +391,8 @@ class Engine:
             self.metrics.lost_calls.inc(len(adoption.lost))
             logger.warning(
                 "slot %s taken over with %d call(s) of its previous holder unrecorded (%d attributed to its "
-                "death): they are delivered again, one call at a time", state.slot, len(adoption.lost),
-                len(adoption.crashed), extra={"slot": state.slot},
+                "death): each is delivered again alone, with no other call running beside it", state.slot,
+                len(adoption.lost), len(adoption.crashed), extra={"slot": state.slot},
             )
         for message_id, name in adoption.poisoned:
             self.metrics.poison_messages.labels(name).inc()

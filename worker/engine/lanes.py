@@ -7,8 +7,12 @@ the rotation or with one lane, never two: one hint never has two calls at once.
 
 A run is marked in flight (on the slot's lease row, through the committer) before its first call starts, so a
 replica taking the slot over after this one died knows which calls were under way. A run is one call for
-correlators slower than a mark (a crash is then attributable to that call) and several for fast ones
-(:func:`worker.policy.batching.run_length`); a message already lost once is always called alone.
+correlators slower than a mark and several for fast ones (:func:`worker.policy.batching.run_length`).
+
+A message already lost once (its replica died during its call) is called *alone*: its lane waits until no
+other lane is in a run, other lanes wait until its call is over, and its mark says so. Should the replica die
+again during that call, the death is attributable to the message, which is how a poison message is told from
+the innocent ones that happened to run beside it (:func:`worker.policy.outcomes.settle_lost_call`).
 
 Before each call the lane checks that the message has not expired (by the database clock) and that the
 slot's lease stays safe for longer than the call may take. A watchdog gives up on calls past their handler
@@ -115,6 +119,7 @@ class _Lane:
     done: list[tuple[Message, Disposition]] = field(default_factory=list)  # outcomes of the run so far
     abandoned: bool = False  # given up on (timeout or shutdown): its thread ends when the call returns
     timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
+    admitted: bool = False  # past the gate: its run may be marked and called
 
     def unstarted(self) -> list[int]:
         """The marked calls of the run after the current one."""
@@ -160,6 +165,8 @@ class Lanes:
         self._call_seconds: dict[str, float] = {}  # per message name, smoothed
         self._mark_seconds = 0.002  # smoothed time a mark takes to be committed
         self._watchdog: threading.Thread | None = None
+        self._alone_waiting = 0  # lanes waiting to call a message alone (no lane is admitted meanwhile)
+        self._alone: _Lane | None = None  # the lane calling a message alone
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -341,12 +348,58 @@ class Lanes:
         run = self._run_of(work)
         if not run:
             return
+        wants_alone = run[0].redelivered
+        alone = self._admit(lane, wants_alone)
+        if alone is None:  # stopping
+            work.pending.extendleft(reversed(run))
+            return
+        try:
+            self._serve_run(lane, work, run, alone)
+        finally:
+            self._leave(lane)
+
+    def _admit(self, lane: _Lane, wants_alone: bool) -> bool | None:
+        """Wait at the gate: a lane calling a message alone runs with no other lane admitted.
+
+        Returns whether the run is alone in the replica (a call given up on after its timeout may still be
+        running: then nothing is alone), or None when the replica stops meanwhile.
+        """
+        with self._cond:
+            if wants_alone:
+                self._alone_waiting += 1
+                try:
+                    while not self._stopping and (self._alone is not None or any(
+                        other.admitted and not other.abandoned for other in self._lanes
+                    )):
+                        self._cond.wait(0.5)
+                finally:
+                    self._alone_waiting -= 1
+                if self._stopping:
+                    self._cond.notify_all()
+                    return None
+                self._alone = lane
+            else:
+                while not self._stopping and (self._alone is not None or self._alone_waiting):
+                    self._cond.wait(0.5)
+                if self._stopping:
+                    return None
+            lane.admitted = True
+            return wants_alone and self._hung == 0
+
+    def _leave(self, lane: _Lane) -> None:
+        with self._cond:
+            lane.admitted = False
+            if self._alone is lane:
+                self._alone = None
+            self._cond.notify_all()
+
+    def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> None:
         first = run[0]
         if self.leases.safe_for(work.slot) <= self._policy(first.name).handler_timeout.total_seconds():
             self._give_back(work, "its slot's lease may end before the call could")
             return
         asked = self._monotonic()
-        if self.committer.mark(work.slot, work.fence, [m.id for m in run]) is None:  # lease gone, or stopping
+        if self.committer.mark(work.slot, work.fence, [m.id for m in run], alone) is None:  # lease gone/stopping
             self._give_back(work, "its slot's lease is gone")
             return
         self._mark_seconds += 0.2 * ((self._monotonic() - asked) - self._mark_seconds)
@@ -494,6 +547,9 @@ class Lanes:
         message, work = lane.current, lane.work
         assert message is not None and work is not None
         lane.abandoned = lane.timed_out = True
+        if self._alone is lane:  # the replica goes on without it (nothing is alone while it runs)
+            self._alone = None
+        self._cond.notify_all()
         self._hung += 1
         work.hung = True
         work.pending.clear()

@@ -260,17 +260,20 @@ class LostCallOutcome:
 
 
 def settle_lost_call(
-    lost_calls: int, crashed_calls: int, last_error: str | None, crashed: bool, poison_after: int
+    lost_calls: int, crashed_calls: int, last_error: str | None, *, abandoned: bool, alone: bool,
+    poison_after: int,
 ) -> LostCallOutcome:
-    """Count one lost call; a message whose calls crashed ``poison_after`` times is dead (0: never).
+    """Count one lost call; a message is dead once ``poison_after`` of its calls ended in a crash (0: never).
 
-    ``crashed`` is True when the call ran alone (marked by itself) when its replica died, so that the death is
-    attributable to this message; a call lost while other calls of a run were marked with it only counts as
-    lost, and the message is then delivered one call at a time until its outcome is recorded.
+    A call its replica gave up at shutdown (``abandoned``) is lost but did not crash. Any other lost call ended
+    in its replica's death (or the loss of its lease) and counts as a crash; the message is then delivered
+    again *alone*: with no other call running in its replica. Only a crash during such a call is attributable
+    to the message, so only one may make it dead: a message that merely ran beside a poison one is never
+    blamed for it.
     """
     lost = min(lost_calls + 1, COUNTER_MAX)
-    crashes = min(crashed_calls + (1 if crashed else 0), lost)
-    if crashed and poison_after > 0 and crashes >= poison_after:
+    crashes = crashed_calls if abandoned else min(crashed_calls + 1, lost)
+    if alone and not abandoned and poison_after > 0 and crashes >= poison_after:
         reason = (
             f"poison message: its replica died during {crashes} calls of it without recording an outcome "
             f"(poison_after={poison_after}); the correlator may crash the process (exit, segfault, out of memory)"
