@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -22,8 +23,12 @@ import click
 from tabulate import tabulate
 
 from worker import __version__
+from worker.admin import messages as admin_messages
 from worker.admin import operations as admin
+from worker.admin import pauses as admin_pauses
+from worker.admin import schedule_actions
 from worker.admin import schedules as admin_schedules
+from worker.admin.auth import Caller
 from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
 from worker.db.schema import check_revision_known
@@ -401,29 +406,139 @@ def _is_row_id(reference: str) -> bool:
     return reference.isdigit() and 1 <= int(reference) <= MAX_ID
 
 
-def _bulk_command(name: str, help_text: str, action: Callable[[Store, MessageFilter], int], verb: str) -> None:
+def _cli_caller() -> Caller:
+    """The CLI's audit identity: ``cli:<operating system user>``."""
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = str(os.getuid())
+    return Caller(f"cli:{user}", "cli", can_write=True)
+
+
+def _filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.argument("ids", nargs=-1, type=ROW_ID),
+            click.option("--name", "message_name", help="Every message of this message_name."),
+            click.option("--hint", help="Every message of this correlation_hint."),
+            click.option("--state", type=click.Choice([s.value for s in MessageState]), help="Only in this state."),
+            click.option("--all", "everything", is_flag=True, help="Every message (no filter)."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _present_rows(action: str, ids: tuple[int, ...], name: str | None, hint: str | None, state: str | None,
+                  everything: bool) -> int:
+    """Apply a bulk action to the messages present now (in chunks, audited); returns how many changed."""
+    selection = _selection(ids, name, hint, state)
+
+    def apply(store: Store) -> int:
+        admin.require_selection(selection, everything, action)
+        result = admin_messages.bulk(store, _cli_caller(), action, selection, everything)
+        return int(result["affected"])
+
+    return int(_with_store(apply))
+
+
+def _durable_scope(name: str | None, hint: str | None, everything: bool) -> tuple[str, str]:
+    chosen = [(scope, value) for scope, value in (("name", name), ("hint", hint)) if value is not None]
+    if everything:
+        chosen.append(("all", ""))
+    if len(chosen) != 1:
+        raise click.UsageError(
+            "give one of --name, --hint or --all for a durable pause; add --only-present (or give ids "
+            "or --state) to act on the messages present now"
+        )
+    return chosen[0]
+
+
+def _bulk_command(name: str, help_text: str, verb: str) -> None:
     @main.command(name, help=help_text)
-    @click.argument("ids", nargs=-1, type=ROW_ID)
-    @click.option("--name", "message_name", help="Every message of this message_name.")
-    @click.option("--hint", help="Every message of this correlation_hint.")
-    @click.option("--state", type=click.Choice([s.value for s in MessageState]), help="Only in this state.")
-    @click.option("--all", "everything", is_flag=True, help="Every message (no filter).")
+    @_filter_options
     def command(
         ids: tuple[int, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool
     ) -> None:
-        selection = _selection(ids, message_name, hint, state)
-
-        def apply(store: Store) -> int:
-            admin.require_selection(selection, everything, name)
-            return action(store, selection)
-
-        click.echo(f"{verb} {_with_store(apply)} messages")
+        click.echo(f"{verb} {_present_rows(name, ids, message_name, hint, state, everything)} messages")
 
 
-_bulk_command("requeue", "Dead messages back to ready, attempts reset.", Store.messages_requeue, "requeued")
-_bulk_command("pause", "Pause ready messages: they and their hints wait.", Store.messages_pause, "paused")
-_bulk_command("resume", "Resume paused messages.", Store.messages_resume, "resumed")
-_bulk_command("delete", "Delete messages.", Store.messages_delete, "deleted")
+_bulk_command("requeue", "Dead messages back to ready, attempts reset (in chunks; audited).", "requeued")
+_bulk_command("delete", "Delete messages (in chunks; audited).", "deleted")
+
+
+@main.command("pause")
+@_filter_options
+@click.option("--reason", default="", help="Why (shown with the pause and in the hint's view).")
+@click.option("--only-present", is_flag=True, help="Pause only the messages present now (not a durable pause).")
+def pause(
+    ids: tuple[int, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool,
+    reason: str, only_present: bool,
+) -> None:
+    """Pause a message name (--name), a hint (--hint) or everything (--all) durably: also messages inserted
+    later wait until `resume`. With message ids, --state or --only-present: pause the ready messages present
+    now that match."""
+    if ids or state is not None or only_present:
+        click.echo(f"paused {_present_rows('pause', ids, message_name, hint, state, everything)} messages")
+        return
+    scope, target = _durable_scope(message_name, hint, everything)
+
+    def create(store: Store) -> dict[str, Any]:
+        return admin_pauses.add_pause(store, _cli_caller(), scope, target, reason)
+
+    shown = _with_store(create)
+    selector = {"name": f"--name {target}", "hint": f"--hint {target}", "all": "--all"}[scope]
+    click.echo(
+        f"paused {admin_pauses.describe(scope, target)} (pause {shown['id']}): its messages wait, also those "
+        f"inserted later, until `{PROG} resume {selector}`"
+    )
+
+
+@main.command("resume")
+@_filter_options
+@click.option("--pause", "pause_id", type=click.IntRange(1, MAX_ID), help="Lift the durable pause with this id.")
+@click.option("--only-present", is_flag=True, help="Resume the paused messages present now (not a durable pause).")
+def resume(
+    ids: tuple[int, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool,
+    pause_id: int | None, only_present: bool,
+) -> None:
+    """Lift the durable pause of a message name (--name), a hint (--hint), everything (--all) or by id (--pause):
+    the messages it paused are resumed. With message ids, --state or --only-present: resume the paused
+    messages present now that match."""
+    if pause_id is not None:
+        if ids or message_name or hint or state or everything or only_present:
+            raise click.UsageError("--pause takes no other filter")
+        result = _with_store(lambda store: admin_pauses.lift_pause(store, _cli_caller(), pause_id))
+    elif ids or state is not None or only_present:
+        click.echo(f"resumed {_present_rows('resume', ids, message_name, hint, state, everything)} messages")
+        return
+    else:
+        scope, target = _durable_scope(message_name, hint, everything)
+        result = _with_store(lambda store: admin_pauses.lift_pause_of(store, _cli_caller(), scope, target))
+    lifted = result["lifted"]
+    click.echo(
+        f"lifted pause {lifted['id']} of {admin_pauses.describe(lifted['scope'], lifted['target'] or '')}; "
+        f"resumed {result['resumed']} messages it had paused"
+    )
+
+
+@main.command("pauses")
+@_output_option
+def pauses_list(output: str | None) -> None:
+    """The durable pauses: what each holds back, why, who paused it and when."""
+    shown = _with_store(admin_pauses.list_pauses)
+    if not _wants_table(output):
+        _print_json(shown)
+        return
+    if not shown:
+        click.echo("nothing is paused")
+        return
+    rows = [
+        [p["id"], "everything" if p["scope"] == "all" else f"{p['scope']} {_cell(p['target'])}", _cell(p["reason"]),
+         _cell(p["created_by"]), p["created_at"]]
+        for p in shown
+    ]
+    click.echo(tabulate(rows, headers=["id", "pauses", "reason", "by", "since"], disable_numparse=True))
 
 
 # -- schedules (DESIGN.md §7) --------------------------------------------------------------------------------
@@ -481,18 +596,21 @@ def schedules_add(
     headers_value = _json_option(headers, "--headers")
     _print_json(
         _with_store(
-            lambda store: admin_schedules.schedule_add(
+            lambda store: schedule_actions.add(
                 store,
-                name,
-                cron,
-                message_name,
-                hint=hint,
-                payload=payload_value,
-                headers=headers_value,
-                time_zone=zone,
-                singleton=not no_singleton,
-                misfire=misfire,
-                enabled=not disabled,
+                _cli_caller(),
+                {
+                    "name": name,
+                    "cron": cron,
+                    "message_name": message_name,
+                    "correlation_hint": hint,
+                    "payload": payload_value,
+                    "headers": headers_value,
+                    "time_zone": zone,
+                    "singleton": not no_singleton,
+                    "misfire": misfire,
+                    "enabled": not disabled,
+                },
             )
         )
     )
@@ -502,14 +620,14 @@ def schedules_add(
 @click.argument("name", required=False)
 def schedules_enable(name: str | None) -> None:
     """Enable schedule NAME, or without a name the whole scheduler."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_set_enabled(store, name, True)))
+    _print_json(_with_store(lambda store: schedule_actions.set_enabled(store, _cli_caller(), name, True)))
 
 
 @schedules.command("disable")
 @click.argument("name", required=False)
 def schedules_disable(name: str | None) -> None:
     """Disable schedule NAME, or without a name the whole scheduler."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_set_enabled(store, name, False)))
+    _print_json(_with_store(lambda store: schedule_actions.set_enabled(store, _cli_caller(), name, False)))
 
 
 @schedules.command("fire")
@@ -520,14 +638,14 @@ def schedules_disable(name: str | None) -> None:
 )
 def schedules_fire(name: str, action: str) -> None:
     """Publish schedule NAME's message now (action_type manual; the singleton rule does not apply)."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_fire(store, name, action)))
+    _print_json(_with_store(lambda store: schedule_actions.fire(store, _cli_caller(), name, action)))
 
 
 @schedules.command("delete")
 @click.argument("name")
 def schedules_delete(name: str) -> None:
     """Delete schedule NAME (the messages it published stay)."""
-    _print_json(_with_store(lambda store: admin_schedules.schedule_delete(store, name)))
+    _print_json(_with_store(lambda store: schedule_actions.delete(store, _cli_caller(), name)))
 
 
 @schedules.command("next")

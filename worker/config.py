@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -40,7 +41,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from worker.redact import redact_route, redact_url
+from worker.redact import MASK, redact_route, redact_url
 
 ENV_PREFIX = "CORRELATION_"
 CONFIG_FILE_ENV = "CORRELATION_CONFIG_FILE"
@@ -441,6 +442,67 @@ class NotifySettings(_Section):
     sqlite_check_interval: Duration = timedelta(milliseconds=100)
 
 
+TOKEN_MIN_LENGTH = 16
+
+
+class AdminSettings(_Section):
+    """The console: the JSON API under ``/api/v1`` and the pages under ``/ui`` on the metrics port.
+
+    Off unless a token is set (secure by default). ``token`` may read and act; ``read_token`` may only read.
+    The audit names who acted by the token's name, never by the secret.
+    """
+
+    token: SecretStr | None = None
+    read_token: SecretStr | None = None
+    token_name: str = Field(default="admin", min_length=1, max_length=100)
+    read_token_name: str = Field(default="read-only", min_length=1, max_length=100)
+    # How long a login to the pages lasts.
+    session_lifetime: Duration = timedelta(hours=8)
+    # Every console query is cancelled after this long (bulk actions: each chunk).
+    statement_timeout: Duration = timedelta(seconds=5)
+    # Rows a bulk action changes per transaction.
+    chunk_size: int = Field(default=1000, ge=1, le=100_000)
+    # Counts stop here and show as e.g. "10000+" (a count never reads more than this many rows).
+    count_limit: int = Field(default=10_000, ge=100, le=1_000_000)
+
+    @field_validator("token", "read_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < TOKEN_MIN_LENGTH:
+            raise ValueError(
+                f"a token must have at least {TOKEN_MIN_LENGTH} characters; make one with "
+                "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        return value
+
+    @field_validator("session_lifetime", "statement_timeout")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        return _require_positive(value, "every login or console query end at once", "PT5S")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AdminSettings:
+        if (
+            self.token is not None
+            and self.read_token is not None
+            and self.token.get_secret_value() == self.read_token.get_secret_value()
+        ):
+            raise _named(
+                f"{ENV_PREFIX}ADMIN__READ_TOKEN",
+                "is the same as CORRELATION_ADMIN__TOKEN; a read-only token must differ from the one that may act",
+            )
+        if self.token_name == self.read_token_name:
+            raise _named(
+                f"{ENV_PREFIX}ADMIN__READ_TOKEN_NAME", "must differ from __TOKEN_NAME (the audit tells them apart)"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """True when a token is set: the console is served."""
+        return self.token is not None or self.read_token is not None
+
+
 class ShutdownSettings(_Section):
     """How long SIGTERM waits for the current message before abandoning it."""
 
@@ -512,6 +574,7 @@ class Settings(BaseSettings):
     notify: NotifySettings = NotifySettings()
     shutdown: ShutdownSettings = ShutdownSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    admin: AdminSettings = AdminSettings()
 
     @field_validator("correlators", "policies", mode="before")
     @classmethod
@@ -595,6 +658,8 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         data["database"]["url"] = redact_url(self.database.url)
         data["correlators"] = {name: redact_route(spec) for name, spec in self.correlators.items()}
+        for name in ("token", "read_token"):
+            data["admin"][name] = None if getattr(self.admin, name) is None else MASK
         return data
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
 
+from worker.admin.console import Console
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
 from worker.db.listener import Listener
@@ -101,6 +102,12 @@ class Worker:
         # Schedules (DESIGN.md §7): every replica runs the scheduler; fire times are claimed in the database.
         self.scheduler = Scheduler(self.store, SchedulerConfig.from_settings(settings.scheduler), self.metrics)
         self.endpoint: Endpoint | None = None
+        # The console (API and pages) on the endpoint, with a store of its own (its statement timeout).
+        self.console = (
+            Console.from_settings(settings, correlated=self.correlated_so_far)
+            if settings.admin.enabled and settings.metrics.enabled
+            else None
+        )
         self._signals = 0
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -171,6 +178,15 @@ class Worker:
         """None when the replica can do its job; otherwise why not (for /healthz, beside the heartbeat)."""
         return self.engine.health()
 
+    def correlated_so_far(self) -> float:
+        """Correlator calls of this replica that ended in success so far (the console's throughput)."""
+        return sum(
+            sample.value
+            for metric in self.metrics.messages.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total") and sample.labels.get("outcome") == "success"
+        )
+
     def run(self) -> int:
         """Run until stopped; returns the process exit code."""
         metrics_settings = self.settings.metrics
@@ -184,6 +200,16 @@ class Worker:
                 window,
                 self.readiness,
                 self.health,
+                console=self.console.routes() if self.console is not None else (),
+            )
+            if self.console is None:
+                logger.info(
+                    "the console (/api/v1 and /ui) is off: set CORRELATION_ADMIN__TOKEN (and optionally "
+                    "CORRELATION_ADMIN__READ_TOKEN) to a secret of at least 16 characters to turn it on"
+                )
+        elif self.settings.admin.enabled:
+            logger.warning(
+                "the console is off because CORRELATION_METRICS__ENABLED=false: it is served on the metrics port"
             )
         try:
             self.prepare_schema()
@@ -257,6 +283,8 @@ class Worker:
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
+        if self.console is not None:
+            self.console.close()
 
     # -- loops ------------------------------------------------------------------------------------------------
 

@@ -399,18 +399,19 @@ def test_a_paused_hint_waits_until_resumed_and_holds_back_later_messages(
 ) -> None:
     paused = [pg_db.insert("order.step", "order-x", {"seq": seq}) for seq in (1, 2)]
     other = pg_db.insert("order.step", "order-y", {"seq": 1})
-    assert run_cli(pg_db, "pause", "--hint", "order-x").stdout.strip() == "paused 2 messages"
+    assert run_cli(pg_db, "pause", "--hint", "order-x").stdout.startswith("paused hint 'order-x' (pause ")
 
     worker = start_worker(pg_db)
     later = pg_db.insert("order.step", "order-x", {"seq": 3})
     wait_until(lambda: pg_db.gone(other), what="the other hint correlated", workers=[worker])
     pg_db.wait_for_full_polls([worker])
 
-    assert [(row or {}).get("state") for row in map(pg_db.message, paused)] == ["paused", "paused"]
+    # A durable pause leaves the hint's rows alone (ready, no attempt) and holds back the later one too.
+    assert [(row or {}).get("state") for row in map(pg_db.message, paused)] == ["ready", "ready"]
     held = pg_db.message(later)
     assert held is not None and (held["state"], held["attempt"]) == ("ready", 0)
     assert pg_db.calls_of(*paused, later) == []
 
-    assert run_cli(pg_db, "resume", "--hint", "order-x").stdout.strip() == "resumed 2 messages"
+    assert run_cli(pg_db, "resume", "--hint", "order-x").stdout.startswith("lifted pause ")
     wait_until(lambda: pg_db.gone(*paused, later), what="the resumed hint correlated", workers=[worker])
     assert [call.seq for call in pg_db.calls_of(*paused, later)] == [1, 2, 3]

@@ -627,3 +627,33 @@ def test_a_bad_setting_stops_the_command_with_exit_2_and_one_line_naming_it(pg_d
     assert result.stdout == ""
     [line] = lines(result.stderr)
     assert "CORRELATION_POLL__INTERVAL" in line and "P1M" in line
+
+
+# -- the console -------------------------------------------------------------------------------------------------
+
+
+def test_without_a_token_the_console_is_off_and_the_log_says_how_to_turn_it_on(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    process = start_worker(pg_db)
+    base = endpoint(process)
+    assert http_get(base + "/api/v1/status")[0] == 404
+    assert http_get(base + "/ui/")[0] == 404
+    assert http_get(base + "/healthz") == (200, "ok\n")
+    assert "the console (/api/v1 and /ui) is off: set CORRELATION_ADMIN__TOKEN" in process.log()
+
+
+def test_with_a_token_the_replica_serves_the_console_beside_the_metrics(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    token = "acceptance-token-0123456789"
+    process = start_worker(pg_db, admin__token=token)
+    base = endpoint(process)
+    pg_db.insert("order.paid", "order-1", {})
+    request = urllib.request.Request(base + "/api/v1/status", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        shown = json.loads(response.read())
+    assert set(shown["messages"]) == {"ready", "waiting", "paused", "dead", "expired"}
+    assert http_get(base + "/api/v1/status")[0] == 401
+    assert http_get(base + "/metrics")[0] == 200
+    assert token not in process.log()

@@ -1,1 +1,1 @@
-"""Operator actions shared by the CLI (and the HTTP API and pages)."""
+"""Operations shared by the CLI, the JSON API and the pages (the console), and the console's two faces."""

@@ -1,6 +1,8 @@
-"""Operator actions on the message table, shared by the CLI (and later an HTTP API).
+"""Operator actions on the message table, shared by the CLI, the JSON API and the pages.
 
-Each action takes a :class:`~worker.db.store.MessageFilter` and returns plain data ready to print as JSON.
+Each action returns plain data ready to print as JSON and raises an :class:`~worker.admin.errors.AdminError`
+(whose kind the API answers with its status) for a request it cannot carry out. Bulk actions act on a filter
+in bounded chunks and write an audit row; ``dry_run`` returns the bounded count instead.
 """
 
 from __future__ import annotations
@@ -8,14 +10,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from worker.admin.errors import AdminError
 from worker.config import Mode, format_duration
 from worker.db.store import MessageFilter, StateCounts, Store
 from worker.engine.leases import SLOT_PREFIX
 from worker.message import Message
 
-
-class AdminError(Exception):
-    """An operator request that cannot be carried out as given."""
+__all__ = ["AdminError", "message_as_dict", "require_selection", "status"]
 
 
 def message_as_dict(message: Message) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, tzinfo
 from itertools import islice
 from typing import Any
 
-from worker.admin.operations import AdminError
+from worker.admin.errors import AdminError, Conflict, NotFound
 from worker.db.schedules import NewSchedule, Schedule, ScheduleRejected
 from worker.db.schema import HINT_MAX_LENGTH
 from worker.db.store import Store
@@ -81,7 +81,7 @@ def schedules_list(store: Store) -> dict[str, Any]:
 def _get(store: Store, name: str) -> Schedule:
     schedule = store.schedule_get(name)
     if schedule is None:
-        raise AdminError(f"there is no schedule named {name!r} (see `correlation-worker schedules list`)")
+        raise NotFound(f"there is no schedule named {name!r} (see `correlation-worker schedules list`)")
     return schedule
 
 
@@ -178,7 +178,7 @@ def schedule_add(
     except ScheduleRejected as error:
         raise AdminError(str(error)) from None
     if not added:
-        raise AdminError(f"a schedule named {name!r} exists already: delete it first, or choose another name")
+        raise Conflict(f"a schedule named {name!r} exists already: delete it first, or choose another name")
     return schedule_show(store, name)
 
 
@@ -189,7 +189,7 @@ def schedule_set_enabled(store: Store, name: str | None, enabled: bool) -> dict[
         return {"scheduler_enabled": enabled, "changed": changed}
     result = store.schedule_set_enabled(name, enabled)
     if result is None:
-        raise AdminError(f"there is no schedule named {name!r} (see `correlation-worker schedules list`)")
+        raise NotFound(f"there is no schedule named {name!r} (see `correlation-worker schedules list`)")
     return {"schedule": name, "enabled": enabled, "changed": result}
 
 
@@ -201,7 +201,7 @@ def schedule_fire(store: Store, name: str, action: str = FireAction.START.value)
     zone = _zone_or_utc(_get(store, name))
     published = store.schedule_fire_manual(name, FireAction(action), zone)
     if published is None:
-        raise AdminError(f"there is no schedule named {name!r} (it was deleted meanwhile)")
+        raise NotFound(f"there is no schedule named {name!r} (it was deleted meanwhile)")
     return {
         "schedule": name,
         "id": published.id,
@@ -216,7 +216,7 @@ def schedule_fire(store: Store, name: str, action: str = FireAction.START.value)
 def schedule_delete(store: Store, name: str) -> dict[str, Any]:
     """Delete a schedule; the messages it published stay."""
     if not store.schedule_delete(name):
-        raise AdminError(f"there is no schedule named {name!r} (see `correlation-worker schedules list`)")
+        raise NotFound(f"there is no schedule named {name!r} (see `correlation-worker schedules list`)")
     return {"deleted": name}
 
 

@@ -150,6 +150,19 @@ pause_table = Table(
     Column("created_at", UtcDateTime, nullable=False),
 )
 
+audit_table = Table(
+    "correlation_audit",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("at", UtcDateTime, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("via", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target", Document, nullable=False),
+    Column("affected", BigInteger, nullable=False),
+    Column("error", Text),
+)
+
 lock_table = Table(
     "correlation_lock",
     metadata,

@@ -2,8 +2,9 @@
 
 Methods read noun-then-verb (``messages_fetch_batches``, ``lock_try_acquire``) and return the project's own
 frozen values, never driver rows. The statements live by table: :mod:`worker.db.messages` (messages and
-durable pauses), :mod:`worker.db.locks` (leases and named locks) and :mod:`worker.db.schedules` (schedules and
-the scheduler's switch); the plumbing, the clock and the
+durable pauses), :mod:`worker.db.locks` (leases and named locks), :mod:`worker.db.schedules` (schedules and
+the scheduler's switch) and :mod:`worker.db.console` (the console's paged reads, bounded counts, bulk actions,
+pauses and audit); the plumbing, the clock and the
 translation of driver errors are in :mod:`worker.db.base` and :mod:`worker.db.errors`.
 """
 
@@ -13,6 +14,7 @@ from sqlalchemy.engine import Engine
 
 from worker.config import DatabaseSettings
 from worker.db.base import Fence, LockRow, MessageFilter, NewMessage, StateCounts, build_engine, normalise_url
+from worker.db.console import ConsoleStatements
 from worker.db.errors import (
     AuthenticationFailed,
     DatabaseAccessDenied,
@@ -32,7 +34,7 @@ from worker.db.schedules import ScheduleStatements
 from worker.db.schema import SLOT_COUNT
 
 
-class Store(MessageStatements, LockStatements, ScheduleStatements):
+class Store(ConsoleStatements, MessageStatements, LockStatements, ScheduleStatements):
     """Every statement correlation-worker runs, on one engine."""
 
     def __init__(self, engine: Engine) -> None:

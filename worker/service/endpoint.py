@@ -1,25 +1,39 @@
-"""The HTTP endpoint on the metrics port: ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The HTTP endpoint on the metrics port: ``/metrics``, ``/healthz``, ``/readyz``, and the console when it is on.
 
 ``/healthz`` is liveness: the main loop ticked within the liveness window (a hung loop turns it red), and
 the engine can still take work (calls stuck past their timeout do not hold every lane).
 ``/readyz`` is readiness: the database answers and its schema is the one this version needs.
+
+The routes are a Starlette application served by uvicorn on a thread of its own, beside the worker's loops:
+the socket is bound here first (so that a taken port or an unknown host is one line naming the setting), then
+handed to uvicorn. The console (:mod:`worker.admin.api` under ``/api/v1``, :mod:`worker.admin.pages` under
+``/ui``) is mounted beside the probes when a token is configured; without one those paths answer 404.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Sequence
 
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
 
 from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT = 10.0  # seconds the server may take to start listening
+STOP_TIMEOUT = 5.0  # seconds it may take to stop
 
 
 class Heartbeat:
@@ -46,16 +60,24 @@ PORT_SETTING = "CORRELATION_METRICS__PORT"
 HOST_SETTING = "CORRELATION_METRICS__HOST"
 
 
-def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
-    """The HTTP server bound to host:port, or an EndpointError naming the setting to fix."""
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or an EndpointError naming the setting to fix."""
     try:
-        return ThreadingHTTPServer((host, port), handler)
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as error:
         raise EndpointError(
             f"cannot serve metrics: the host {host!r} of {HOST_SETTING} does not resolve ({error.strerror}); "
             "use an address of this machine, or 0.0.0.0 for all of them"
         ) from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
     except OSError as error:
+        sock.close()
         if error.errno == errno.EADDRINUSE:
             reason = f"port {port} on {host} is already in use by another process"
             fix = f"stop it, or choose another port with {PORT_SETTING} (0 picks a free one)"
@@ -69,10 +91,52 @@ def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> Thread
             reason = f"{host}:{port}: {error.strerror or error}"
             fix = f"check {HOST_SETTING} and {PORT_SETTING}"
         raise EndpointError(f"cannot serve metrics: {reason} ({PORT_SETTING}={port}); {fix}") from None
+    return sock
+
+
+def probe_routes(
+    metrics: Metrics,
+    heartbeat: Heartbeat,
+    liveness_window: float,
+    readiness: Callable[[], str | None],
+    health: Callable[[], str | None] = lambda: None,
+) -> list[BaseRoute]:
+    """``/metrics``, ``/healthz`` and ``/readyz`` (plain functions: Starlette runs them on its thread pool, so a
+    slow database answer never blocks the event loop)."""
+
+    def scrape(_request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def healthz(_request: Request) -> Response:
+        age = heartbeat.age()
+        problem = health()
+        if age > liveness_window:
+            return PlainTextResponse(f"main loop silent for {age:.0f}s\n", status_code=503)
+        if problem is not None:
+            return PlainTextResponse(f"{problem}\n", status_code=503)
+        return PlainTextResponse("ok\n")
+
+    def readyz(_request: Request) -> Response:
+        problem = readiness()
+        return PlainTextResponse("ready\n") if problem is None else PlainTextResponse(f"{problem}\n", status_code=503)
+
+    return [Route("/metrics", scrape), Route("/healthz", healthz), Route("/readyz", readyz)]
+
+
+def application(routes: Sequence[BaseRoute], console: bool = False) -> Starlette:
+    """The endpoint's application: these routes, and a plain-text 404 that says where to go."""
+    places = "/ui/, /api/v1/status, /metrics, /healthz or /readyz" if console else "/metrics, /healthz or /readyz"
+
+    async def not_found(_request: Request, error: Exception) -> Response:
+        if isinstance(error, HTTPException) and error.status_code != 404:
+            return PlainTextResponse(f"{error.detail}\n", status_code=error.status_code)
+        return PlainTextResponse(f"not found: try {places}\n", status_code=404)
+
+    return Starlette(routes=list(routes), exception_handlers={404: not_found, 405: not_found})
 
 
 class Endpoint:
-    """A small threaded HTTP server for metrics and probes, stopped with :meth:`close`."""
+    """The HTTP server of a replica (uvicorn on a thread of its own), stopped with :meth:`close`."""
 
     def __init__(
         self,
@@ -83,47 +147,49 @@ class Endpoint:
         liveness_window: float,
         readiness: Callable[[], str | None],
         health: Callable[[], str | None] = lambda: None,
+        console: Sequence[BaseRoute] = (),
     ) -> None:
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    age = heartbeat.age()
-                    problem = health()
-                    if age > liveness_window:
-                        self._send(503, f"main loop silent for {age:.0f}s\n".encode())
-                    elif problem is not None:
-                        self._send(503, f"{problem}\n".encode())
-                    else:
-                        self._send(200, b"ok\n")
-                elif path == "/readyz":
-                    problem = readiness()
-                    self._send(200, b"ready\n") if problem is None else self._send(503, f"{problem}\n".encode())
-                else:
-                    self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
-
-            def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        self.server = _bind(host, port, Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, name="endpoint", daemon=True)
+        routes = [*probe_routes(metrics, heartbeat, liveness_window, readiness, health), *console]
+        self.app = application(routes, console=bool(console))
+        self._socket = _bind(host, port)
+        self.port = int(self._socket.getsockname()[1])
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,  # the worker's logging, not uvicorn's
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            server_header=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="endpoint", daemon=True)
+        self._failure: BaseException | None = None
         self._thread.start()
-        logger.info("serving /metrics, /healthz and /readyz on %s:%s", host, endpoint.port)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not self._server.started:
+            self.close()
+            raise EndpointError(
+                f"cannot serve metrics on {host}:{self.port}: the HTTP server did not start "
+                f"({self._failure or 'it took longer than ' + str(STARTUP_TIMEOUT) + ' s'}); check {PORT_SETTING}"
+            )
+        served = "/metrics, /healthz, /readyz, the console API /api/v1 and pages /ui" if console else (
+            "/metrics, /healthz and /readyz"
+        )
+        logger.info("serving %s on %s:%s", served, host, self.port)
+
+    def _serve(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._socket]))
+        except BaseException as error:  # reported by the constructor (startup) or logged (later)
+            self._failure = error
+            if self._server.started:
+                logger.exception("the HTTP endpoint stopped")
 
     def close(self) -> None:
         """Stop serving."""
-        self.server.shutdown()
-        self.server.server_close()
+        self._server.should_exit = True
+        self._thread.join(timeout=STOP_TIMEOUT)
+        self._socket.close()

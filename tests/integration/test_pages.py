@@ -1,0 +1,122 @@
+"""The pages' protections without a browser: login, cookie flags, CSRF on every form, read-only sessions, no
+open redirects, security headers (the browser suite covers what an operator does)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from starlette.testclient import TestClient
+
+from tests.integration.test_api import READ, WRITE, console_app
+from tests.integration.test_store import add
+from worker.db.store import Store
+
+
+@pytest.fixture
+def client(store: Store) -> Iterator[TestClient]:
+    with console_app(store) as test_client:
+        yield test_client
+
+
+def log_in(client: TestClient, token: str = WRITE, target: str = "/ui/") -> str:
+    """Log in through the form; returns a CSRF token of the session's forms."""
+    form = client.get("/ui/login")
+    nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert nonce is not None
+    response = client.post("/ui/login", data={"csrf": nonce.group(1), "token": token, "next": target},
+                           follow_redirects=False)
+    assert response.status_code == 303, response.text
+    page = client.get("/ui/pauses")
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_a_login_sets_an_httponly_samesite_strict_session_cookie(client: TestClient) -> None:
+    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login?next=%2Fui%2F"
+    form = client.get("/ui/login")
+    nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert nonce is not None
+    response = client.post("/ui/login", data={"csrf": nonce.group(1), "token": WRITE, "next": "/ui/dead"},
+                           follow_redirects=False)
+    assert response.headers["location"] == "/ui/dead"
+    cookie = next(value for key, value in response.headers.multi_items()
+                  if key == "set-cookie" and value.startswith("cw_session="))
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert WRITE not in cookie
+
+
+def test_the_login_form_needs_its_csrf_token_and_the_right_token(client: TestClient) -> None:
+    client.get("/ui/login")
+    refused = client.post("/ui/login", data={"csrf": "forged", "token": WRITE})
+    assert refused.status_code == 403 and "expired" in refused.text
+    form = client.get("/ui/login")
+    nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert nonce is not None
+    wrong = client.post("/ui/login", data={"csrf": nonce.group(1), "token": "wrong-token-wrong-token"})
+    assert wrong.status_code == 401 and "wrong token" in wrong.text
+
+
+def test_a_form_without_the_session_s_csrf_token_changes_nothing(client: TestClient, store: Store) -> None:
+    row_id = add(store, "h", state="dead")
+    log_in(client)
+    for data in ({}, {"csrf": "forged"}):
+        response = client.post(f"/ui/messages/{row_id}/requeue", data=data)
+        assert response.status_code == 403 and "did not come from this console" in response.text
+    assert store.console_message(row_id).message.state.value == "dead"  # type: ignore[union-attr]
+
+
+def test_a_form_with_the_csrf_token_acts_and_says_so(client: TestClient, store: Store) -> None:
+    row_id = add(store, "h", state="dead")
+    csrf = log_in(client)
+    done = client.post(f"/ui/messages/{row_id}/requeue", data={"csrf": csrf})
+    assert done.status_code == 200 and f"requeued message {row_id}" in done.text
+    assert store.console_message(row_id).message.state.value == "ready"  # type: ignore[union-attr]
+
+
+def test_a_read_only_session_cannot_act(client: TestClient, store: Store) -> None:
+    row_id = add(store, "h", state="dead")
+    csrf = log_in(client, READ)
+    refused = client.post(f"/ui/messages/{row_id}/requeue", data={"csrf": csrf})
+    assert refused.status_code == 403 and "may only read" in refused.text
+    assert client.post("/ui/pauses", data={"csrf": csrf, "scope": "all"}).status_code == 403
+    assert store.pauses_list() == []
+
+
+def test_logged_out_forms_are_refused_and_redirects_stay_in_the_console(client: TestClient) -> None:
+    assert client.post("/ui/pauses", data={"scope": "all"}).status_code == 403
+    form = client.get("/ui/login?next=https://evil.example/")
+    assert 'name="next" value="/ui/"' in form.text
+    nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert nonce is not None
+    response = client.post("/ui/login", data={"csrf": nonce.group(1), "token": WRITE, "next": "//evil.example/"},
+                           follow_redirects=False)
+    assert response.headers["location"] == "/ui/"
+
+
+def test_pages_carry_security_headers_and_escape_what_producers_wrote(client: TestClient, store: Store) -> None:
+    add(store, "<script>alert(1)</script>", state="dead")
+    log_in(client)
+    page = client.get("/ui/dead")
+    assert "<script>alert(1)</script>" not in page.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["cache-control"] == "no-store"
+
+
+def test_every_page_answers_for_a_logged_in_operator(client: TestClient, store: Store) -> None:
+    row_id = add(store, "order-1", state="dead", last_error="boom")
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO correlation_schedule (name, cron, message_name) VALUES ('nightly', '0 0 3 * * ?', 'r')"
+        )
+    log_in(client)
+    for path in ("/ui/schedules", "/ui/schedules/nightly", "/ui/", "/ui/overview/live", "/ui/messages?state=dead",
+                 f"/ui/messages/{row_id}",
+                 "/ui/hints/order-1", "/ui/dead", "/ui/bulk?action=requeue&state=dead", "/ui/pauses", "/ui/audit"):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.text)
+    assert client.get("/ui/messages?state=sleeping").status_code == 400
+    assert client.get("/ui/messages/999999").status_code == 404
+    assert client.get("/ui/schedules/missing").status_code == 404

@@ -1,0 +1,37 @@
+"""Errors an operator's request can meet, each with the HTTP status the API answers it with.
+
+The CLI prints the message as its one line; the API answers ``{"error": message}`` with :attr:`status`; the
+pages show the message. Messages are one sentence naming the thing and the fix.
+"""
+
+from __future__ import annotations
+
+
+class AdminError(Exception):
+    """An operator request that cannot be carried out as given (a bad request unless a subclass says more)."""
+
+    status = 400
+
+
+class BadRequest(AdminError):
+    """The request is malformed: a bad filter, value or body."""
+
+    status = 400
+
+
+class Forbidden(AdminError):
+    """The caller may read but not act (a read-only token)."""
+
+    status = 403
+
+
+class NotFound(AdminError):
+    """The message, pause or page asked for does not exist."""
+
+    status = 404
+
+
+class Conflict(AdminError):
+    """The request clashes with what is there (a pause that already exists)."""
+
+    status = 409

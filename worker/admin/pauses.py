@@ -1,0 +1,107 @@
+"""Durable pauses (DESIGN.md §3): a message name, a hint, or everything, held back until an operator lifts it.
+
+A pause is a row of ``correlation_pause``; the engine reads them and holds back also the messages inserted
+after the pause. Lifting a pause resumes the messages it paused and wakes the replicas. Creating and lifting
+write an audit row. Shared by the CLI, the JSON API and the pages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from worker.admin.auth import Caller
+from worker.admin.errors import BadRequest, Conflict, Forbidden, NotFound
+from worker.db.messages import Pause
+from worker.db.store import Store
+from worker.policy.holdback import PauseInfo
+
+TARGET_MAX = 255
+REASON_MAX = 1000
+
+
+def pause_as_dict(pause: Pause) -> dict[str, Any]:
+    """A durable pause as JSON-ready data."""
+    return {
+        "id": pause.id,
+        "scope": pause.scope,
+        "target": pause.target if pause.scope != "all" else None,
+        "reason": pause.reason,
+        "created_by": pause.created_by,
+        "created_at": pause.created_at.isoformat(),
+    }
+
+
+def describe(scope: str, target: str) -> str:
+    """What a pause holds, in words: ``name 'order.paid'``, ``hint 'order-42'``, ``every message``."""
+    return "every message" if scope == "all" else f"{scope} {target!r}"
+
+
+def pause_infos(pauses: Iterable[Pause]) -> list[PauseInfo]:
+    """The pauses as the hold-back explanations take them."""
+    return [PauseInfo(p.id, p.scope, p.target, p.reason, p.created_by) for p in pauses]
+
+
+def list_pauses(store: Store) -> list[dict[str, Any]]:
+    """Every durable pause, oldest first."""
+    return [pause_as_dict(pause) for pause in store.pauses_list()]
+
+
+def parse_pause(data: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(scope, target, reason) from ``{"name": N}``, ``{"hint": H}`` or ``{"all": true}`` plus ``"reason"``."""
+    unknown = sorted(set(data) - {"name", "hint", "all", "reason"})
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(unknown)}; a pause takes name, hint or all, and reason")
+    chosen = [key for key in ("name", "hint") if data.get(key) is not None]
+    everything = data.get("all", False)
+    if not isinstance(everything, bool):
+        raise BadRequest("'all' must be true or false")
+    if len(chosen) + everything != 1:
+        raise BadRequest('a pause holds exactly one of: {"name": ...}, {"hint": ...} or {"all": true}')
+    reason = data.get("reason") or ""
+    if not isinstance(reason, str) or len(reason) > REASON_MAX:
+        raise BadRequest(f"'reason' must be a text of at most {REASON_MAX} characters")
+    if everything:
+        return "all", "", reason
+    scope = chosen[0]
+    target = data[scope]
+    if not isinstance(target, str) or not target or len(target) > TARGET_MAX:
+        raise BadRequest(f"{scope!r} must be a non-empty text of at most {TARGET_MAX} characters, "
+                         f"not {json.dumps(target, default=str)}")
+    return scope, target, reason
+
+
+def add_pause(store: Store, caller: Caller, scope: str, target: str, reason: str) -> dict[str, Any]:
+    """Create a durable pause; :class:`Conflict` when the same one is already there."""
+    if not caller.can_write:
+        raise Forbidden(f"the token {caller.name!r} may only read; pausing needs CORRELATION_ADMIN__TOKEN")
+    pause, created = store.pauses_create(scope, target, reason, caller.name)
+    if not created:
+        raise Conflict(
+            f"{describe(scope, target)} is already paused (pause {pause.id} by {pause.created_by}); "
+            "lift that one first to change its reason"
+        )
+    store.audit_add(caller.name, caller.via, "pauses.add", pause_as_dict(pause), 1)
+    return pause_as_dict(pause)
+
+
+def lift_pause(store: Store, caller: Caller, pause_id: int) -> dict[str, Any]:
+    """Lift a durable pause by id: the messages it paused are resumed and the replicas woken."""
+    if not caller.can_write:
+        raise Forbidden(f"the token {caller.name!r} may only read; lifting a pause needs CORRELATION_ADMIN__TOKEN")
+    lifted = store.pauses_lift(pause_id)
+    if lifted is None:
+        raise NotFound(f"no durable pause {pause_id} (see the list of pauses)")
+    pause, resumed = lifted
+    shown = pause_as_dict(pause)
+    store.audit_add(caller.name, caller.via, "pauses.remove", shown, resumed)
+    return {"lifted": shown, "resumed": resumed}
+
+
+def lift_pause_of(store: Store, caller: Caller, scope: str, target: str) -> dict[str, Any]:
+    """Lift the durable pause of a name, a hint, or everything."""
+    pause = store.pauses_find(scope, target)
+    if pause is None:
+        raise NotFound(f"there is no durable pause of {describe(scope, target)} (see `correlation-worker pauses`)")
+    return lift_pause(store, caller, pause.id)

@@ -1,0 +1,471 @@
+"""Statements of the console (HTTP API, pages) and the operator commands: O(page) reads, bounded counts, bulk
+actions in chunks, durable pauses, and the audit trail.
+
+Every read here is bounded by what it returns, not by what the table holds (DESIGN.md §8, "fast at a million
+rows"):
+
+- **Keyset pages** in id order. A filter on a name or a hint without a state is read as one index range per
+  state (``ready``, ``paused``, ``dead``) merged by id, so that each range is an ordered index scan that stops
+  after a page: ``(message_name, state, id)``, ``(correlation_hint, id) WHERE state = 'ready'``,
+  ``(correlation_hint, state, id) WHERE state <> 'ready'``, ``(state, id) WHERE state <> 'ready'``.
+- Filters no index serves (text in ``last_error``, a ``created_at`` range) are applied to a **scan window**
+  of at most ``scan`` rows of the indexed filter: a page may come back short with a ``next`` cursor that
+  continues after the window.
+- **Bounded counts**: ``count(*)`` over a sub-select with ``LIMIT limit + 1``, shown as "10000+" above it.
+- **Bulk actions** run in chunks of ``chunk`` rows, each its own short transaction, advancing by id.
+
+The console runs these on an engine of its own whose sessions have a short ``statement_timeout``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, func, literal, select, text, union_all
+from sqlalchemy import delete as sa_delete
+from sqlalchemy import update as sa_update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql import ColumnElement
+
+from worker.config import Mode
+from worker.db.base import MessageFilter
+from worker.db.messages import MessageStatements, Pause, message_of_row
+from worker.db.schema import NOTIFY_CHANNEL, SLOT_COUNT, audit_table, message_table, pause_table
+from worker.message import Message, MessageState
+
+m = message_table.c
+STATES = (MessageState.READY, MessageState.PAUSED, MessageState.DEAD)
+BULK_ACTIONS = ("requeue", "pause", "resume", "delete")
+# The state a bulk action changes (delete: any).
+ACTION_STATE: dict[str, MessageState | None] = {
+    "requeue": MessageState.DEAD,
+    "pause": MessageState.READY,
+    "resume": MessageState.PAUSED,
+    "delete": None,
+}
+_WAKE_EVERY_SLOT = "*"  # a NOTIFY payload that is not a slot list wakes every slot (worker.db.listener)
+
+
+# -- values ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """A count that stopped at its limit: ``count`` rows, and ``more`` when there were more than that."""
+
+    count: int
+    more: bool
+
+    def shown(self) -> int | str:
+        """The count as the console shows it: a number, or e.g. ``"10000+"``."""
+        return f"{self.count}+" if self.more else self.count
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A message as the console lists it, with the durable pause that paused it (if one did)."""
+
+    message: Message
+    pause_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleFilter:
+    """What a console page of messages shows: the operators' filter plus the console's own fields."""
+
+    selection: MessageFilter = field(default_factory=MessageFilter)
+    message_id: str | None = None
+    error: str | None = None  # text in last_error (case-insensitive)
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+
+    @property
+    def windowed(self) -> bool:
+        """True when a filter needs the scan window (no index serves it)."""
+        return self.error is not None or self.created_from is not None or self.created_to is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Rows in id order; ``next`` is the cursor of the next page (None: this was the last)."""
+
+    rows: list[Listed]
+    next: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """Bounded counts of the message table by state, read at ``now`` (the database clock)."""
+
+    counts: dict[str, Bounded]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One row of ``correlation_audit``."""
+
+    id: int
+    at: datetime
+    actor: str
+    via: str
+    action: str
+    target: Any
+    affected: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """What one chunk of a bulk action did: rows changed, and the last id it looked at (None: nothing left)."""
+
+    changed: int
+    last_id: int | None
+
+
+# -- statement builders ------------------------------------------------------------------------------------------
+
+
+def _conditions(selection: MessageFilter, state: MessageState | None) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if selection.ids:
+        conditions.append(m.id.in_(selection.ids))
+    if selection.name is not None:
+        conditions.append(m.message_name == selection.name)
+    if selection.hint is not None:
+        conditions.append(m.correlation_hint == selection.hint)
+    if state is not None:
+        conditions.append(m.state == state.value)
+    return conditions
+
+
+def _ids_in_order(
+    selection: MessageFilter, after: int, limit: int, extra: Sequence[ColumnElement[bool]] = ()
+) -> Select[Any]:
+    """The ids matching the filter after ``after``, in id order, at most ``limit``: one ordered index range per
+    state when a name or hint is given without a state (each stops after ``limit`` rows)."""
+    if selection.state is None and not selection.ids and (selection.name is not None or selection.hint is not None):
+        branches = [
+            select(m.id)
+            .where(*_conditions(selection, state), m.id > after, *extra)
+            .order_by(m.id)
+            .limit(limit)
+            .subquery()
+            for state in STATES
+        ]
+        merged = union_all(*[select(branch.c.id) for branch in branches]).subquery()
+        return select(merged.c.id).order_by(merged.c.id).limit(limit)
+    return (
+        select(m.id)
+        .where(*_conditions(selection, selection.state), m.id > after, *extra)
+        .order_by(m.id)
+        .limit(limit)
+    )
+
+
+def _unexpired(now: datetime) -> ColumnElement[bool]:
+    return (m.expires_at.is_(None)) | (m.expires_at > now)
+
+
+def _listed(row: Row[Any]) -> Listed:
+    return Listed(message_of_row(row), row._mapping["pause_id"])
+
+
+def _pause(row: Any) -> Pause:
+    return Pause(row.id, row.scope, row.target, row.reason, row.created_by, row.created_at)
+
+
+def _audit(row: Any) -> AuditEntry:
+    return AuditEntry(row.id, row.at, row.actor, row.via, row.action, row.target, row.affected, row.error)
+
+
+class ConsoleStatements(MessageStatements):
+    """The console's statements (see the module's docstring for how each stays O(page))."""
+
+    # -- reading messages ---------------------------------------------------------------------------------------
+
+    def console_census(self, limit: int) -> Census:
+        """Messages by state, each count stopping at ``limit`` (``waiting``: ready, due later; ``expired``:
+        past ``expires_at``, awaiting cleanup; the other states count unexpired rows)."""
+
+        def work(connection: Connection) -> Census:
+            now = self._now(connection)
+            due = m.next_attempt_at.is_(None) | (m.next_attempt_at <= now)
+            conditions: dict[str, list[ColumnElement[bool]]] = {
+                "ready": [m.state == MessageState.READY.value, due, _unexpired(now)],
+                "waiting": [m.state == MessageState.READY.value, m.next_attempt_at > now, _unexpired(now)],
+                "paused": [m.state == MessageState.PAUSED.value, _unexpired(now)],
+                "dead": [m.state == MessageState.DEAD.value, _unexpired(now)],
+                "expired": [m.expires_at.is_not(None), m.expires_at <= now],
+            }
+            counts = {}
+            for name, where in conditions.items():
+                window = select(literal(1)).select_from(message_table).where(*where).limit(limit + 1).subquery()
+                found = int(connection.execute(select(func.count()).select_from(window)).scalar_one())
+                counts[name] = Bounded(min(found, limit), found > limit)
+            return Census(counts, now)
+
+        return self._run(work)
+
+    def console_messages(self, wanted: ConsoleFilter, *, after: int, limit: int, scan: int) -> Page:
+        """A keyset page of messages matching the filter, in id order after ``after``.
+
+        Filters without an index (``error``, the ``created_at`` range) look at most ``scan`` rows of the
+        indexed filter per page: the page may be short, and ``next`` then continues after what was looked at.
+        """
+        selection = wanted.selection
+        if wanted.message_id is not None:
+            extra: list[ColumnElement[bool]] = [m.message_id == wanted.message_id]
+        else:
+            extra = []
+
+        def work(connection: Connection) -> Page:
+            if not wanted.windowed:
+                ids = _ids_in_order(selection, after, limit + 1, extra).scalar_subquery()
+                statement = select(message_table).where(m.id.in_(ids)).order_by(m.id)
+                rows = [_listed(r) for r in connection.execute(statement)]
+                more = len(rows) > limit
+                rows = rows[:limit]
+                return Page(rows, rows[-1].message.id if more else None)
+            window = _ids_in_order(selection, after, scan, extra).subquery()
+            post: list[ColumnElement[bool]] = []
+            if wanted.error is not None:
+                post.append(func.lower(m.last_error).contains(wanted.error.lower(), autoescape=True))
+            if wanted.created_from is not None:
+                post.append(m.created_at >= wanted.created_from)
+            if wanted.created_to is not None:
+                post.append(m.created_at < wanted.created_to)
+            statement = (
+                select(message_table)
+                .where(m.id.in_(select(window.c.id)), *post)
+                .order_by(m.id)
+                .limit(limit + 1)
+            )
+            rows = [_listed(r) for r in connection.execute(statement)]
+            if len(rows) > limit:
+                rows = rows[:limit]
+                return Page(rows, rows[-1].message.id)
+            looked = connection.execute(select(func.count(), func.max(window.c.id))).one()
+            return Page(rows, int(looked[1]) if looked[0] >= scan else None)
+
+        return self._run(work)
+
+    def console_message(self, row_id: int) -> Listed | None:
+        """One message by id, with its pause."""
+        row = self._run(lambda c: c.execute(select(message_table).where(m.id == row_id)).first())
+        return None if row is None else _listed(row)
+
+    def console_message_by_message_id(self, message_id: str) -> Listed | None:
+        """One message by the producer's ``message_id``, with its pause."""
+        row = self._run(lambda c: c.execute(select(message_table).where(m.message_id == message_id)).first())
+        return None if row is None else _listed(row)
+
+    def hint_holders(self, hint: str, paused_names: Sequence[str]) -> tuple[list[Listed], datetime]:
+        """The unexpired messages of a hint that may hold it back, and the database clock: its first paused,
+        first waiting and first dead message, and its first ready message of a paused name (one index probe
+        each)."""
+
+        def work(connection: Connection) -> tuple[list[Listed], datetime]:
+            now = self._now(connection)
+            base = [m.correlation_hint == hint, _unexpired(now)]
+            probes = [
+                [m.state == MessageState.PAUSED.value],
+                [m.state == MessageState.READY.value, m.next_attempt_at > now],
+                [m.state == MessageState.DEAD.value],
+            ]
+            if paused_names:
+                probes.append([m.state == MessageState.READY.value, m.message_name.in_(list(paused_names))])
+            found: dict[int, Listed] = {}
+            for probe in probes:
+                row = connection.execute(select(message_table).where(*base, *probe).order_by(m.id).limit(1)).first()
+                if row is not None:
+                    found[row.id] = _listed(row)
+            return [found[key] for key in sorted(found)], now
+
+        return self._run(work)
+
+    def console_oldest_eligible(self, mode: Mode, budget: int) -> datetime | None:
+        """The created_at of the oldest message that could be correlated now, looking at up to ``budget``
+        candidate hints per slot (beyond that a lower bound of the age): the engine's own candidate and batch
+        statements, in one transaction, with one batch statement for every slot's hints."""
+
+        def work(connection: Connection) -> datetime | None:
+            limit = self._horizon(connection).last_id if self.dialect == "postgresql" else 2**62
+            hints: list[str] = []
+            for slot in range(self.slot_count_of_dialect()):
+                candidates = self._candidates(connection, slot, "", budget)
+                hints.extend(dict.fromkeys(candidates.fresh + candidates.due))
+            if not hints:
+                return None
+            fetched = self._batches(connection, hints, limit, 1, len(hints), mode, self._now(connection))
+            return min((message.created_at for message in fetched.messages), default=None)
+
+        return self._run(work)
+
+    def slot_count_of_dialect(self) -> int:
+        """How many slots hints are spread over on this database (64 on PostgreSQL, one on SQLite)."""
+        return SLOT_COUNT if self.dialect == "postgresql" else 1
+
+    def messages_last_id(self) -> int:
+        """The largest id handed out so far (also of rows since deleted): arrivals, for the throughput."""
+        if self.dialect == "postgresql":
+            statement = text(
+                "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('correlation_message', 'id')"
+                "::regclass), 0)"
+            )
+        else:
+            statement = text("SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'correlation_message'")
+        return int(self._run(lambda c: c.execute(statement).scalar_one()))
+
+    # -- bulk actions ---------------------------------------------------------------------------------------------
+
+    def console_count(self, selection: MessageFilter, limit: int) -> Bounded:
+        """How many messages match the filter, stopping at ``limit``."""
+        window = _ids_in_order(selection, 0, limit + 1).subquery()
+        found = int(self._run(lambda c: c.execute(select(func.count()).select_from(window)).scalar_one()))
+        return Bounded(min(found, limit), found > limit)
+
+    def console_bulk_chunk(self, action: str, selection: MessageFilter, *, after: int, chunk: int) -> Chunk:
+        """Apply a bulk action (requeue, pause, resume, delete) to the next ``chunk`` matching messages after
+        ``after``, in one transaction; replicas holding their slots are woken for requeue, resume and delete.
+
+        ``selection.state`` must already be the state the action changes (None for delete).
+        """
+        state = ACTION_STATE[action]
+        guard: list[ColumnElement[bool]] = [] if state is None else [m.state == state.value]
+
+        def work(connection: Connection) -> Chunk:
+            ids = [int(i) for i in connection.execute(_ids_in_order(selection, after, chunk)).scalars()]
+            if not ids:
+                return Chunk(0, None)
+            target = [m.id.in_(ids), *guard]
+            if action == "delete":
+                changed = self._notify_changed(connection, sa_delete(message_table).where(*target))
+            elif action == "requeue":
+                statement = (
+                    sa_update(message_table)
+                    .where(*target)
+                    .values(state="ready", attempt=0, next_attempt_at=None, lost_calls=0, crashed_calls=0)
+                )
+                changed = self._notify_changed(connection, statement)
+            elif action == "resume":
+                statement = sa_update(message_table).where(*target).values(state="ready", pause_id=None)
+                changed = self._notify_changed(connection, statement)
+            else:
+                statement = sa_update(message_table).where(*target).values(state="paused")
+                changed = int(connection.execute(statement).rowcount)
+            return Chunk(changed, max(ids) if len(ids) >= chunk else None)
+
+        return self._write(work)
+
+    # -- durable pauses ---------------------------------------------------------------------------------------------
+
+    def pauses_get(self, pause_id: int) -> Pause | None:
+        """One durable pause by id."""
+        row = self._run(lambda c: c.execute(select(pause_table).where(pause_table.c.id == pause_id)).first())
+        return None if row is None else _pause(row)
+
+    def pauses_find(self, scope: str, target: str) -> Pause | None:
+        """The durable pause of a scope and target, if there is one."""
+        statement = select(pause_table).where(pause_table.c.scope == scope, pause_table.c.target == target)
+        row = self._run(lambda c: c.execute(statement).first())
+        return None if row is None else _pause(row)
+
+    def pauses_create(self, scope: str, target: str, reason: str, created_by: str) -> tuple[Pause, bool]:
+        """Create a durable pause; returns it and True, or the one already there and False."""
+        insert = postgresql_insert if self.dialect == "postgresql" else sqlite_insert
+
+        def work(connection: Connection) -> tuple[Pause, bool]:
+            values = {
+                "scope": scope,
+                "target": target,
+                "reason": reason,
+                "created_by": created_by,
+                "created_at": self._now(connection),
+            }
+            statement = (
+                insert(pause_table)
+                .values(**values)
+                .on_conflict_do_nothing(index_elements=["scope", "target"])
+                .returning(*pause_table.c)
+            )
+            row = connection.execute(statement).first()
+            if row is not None:
+                return _pause(row), True
+            existing = connection.execute(
+                select(pause_table).where(pause_table.c.scope == scope, pause_table.c.target == target)
+            ).one()
+            return _pause(existing), False
+
+        return self._write(work)
+
+    def pauses_lift(self, pause_id: int) -> tuple[Pause, int] | None:
+        """Lift a durable pause: delete it, resume the messages it paused, and wake the replicas whose slots
+        it held back (the hint's slot; every slot for a pause of everything). Returns the pause and how many
+        messages were resumed; None if there was no such pause."""
+
+        def work(connection: Connection) -> tuple[Pause, int] | None:
+            row = connection.execute(select(pause_table).where(pause_table.c.id == pause_id)).first()
+            if row is None:
+                return None
+            pause = _pause(row)
+            connection.execute(sa_delete(pause_table).where(pause_table.c.id == pause_id))
+            resumed = self._notify_changed(
+                connection,
+                sa_update(message_table)
+                .where(m.pause_id == pause_id, m.state == MessageState.PAUSED.value)
+                .values(state=MessageState.READY.value, pause_id=None),
+            )
+            if self.dialect == "postgresql":
+                wake: str | None = None
+                if pause.scope == "all":
+                    wake = _WAKE_EVERY_SLOT
+                elif pause.scope == "hint":
+                    slot = connection.execute(
+                        select(m.slot).where(m.correlation_hint == pause.target).limit(1)
+                    ).scalar_one_or_none()
+                    wake = None if slot is None else str(slot)
+                if wake is not None:
+                    notify = text("SELECT pg_notify(:channel, :slots)")
+                    connection.execute(notify, {"channel": NOTIFY_CHANNEL, "slots": wake})
+            return pause, resumed
+
+        return self._write(work)
+
+    # -- the audit trail --------------------------------------------------------------------------------------------
+
+    def audit_add(
+        self, actor: str, via: str, action: str, target: Any, affected: int, error: str | None = None
+    ) -> AuditEntry:
+        """Write one audit row (at the database clock)."""
+
+        def work(connection: Connection) -> AuditEntry:
+            values = {
+                "at": self._now(connection),
+                "actor": actor[:255],
+                "via": via,
+                "action": action,
+                "target": target,
+                "affected": affected,
+                "error": error,
+            }
+            row = connection.execute(audit_table.insert().values(**values).returning(*audit_table.c)).one()
+            return _audit(row)
+
+        return self._write(work)
+
+    def audit_page(self, *, before: int | None, limit: int) -> tuple[list[AuditEntry], int | None]:
+        """Audit rows newest first, older than ``before`` (None: from the newest); and the next cursor."""
+        statement = select(audit_table)
+        if before is not None:
+            statement = statement.where(audit_table.c.id < before)
+        statement = statement.order_by(audit_table.c.id.desc()).limit(limit + 1)
+        rows = self._run(lambda c: [_audit(r) for r in c.execute(statement)])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return rows, rows[-1].id if more else None
