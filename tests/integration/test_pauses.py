@@ -104,17 +104,44 @@ def _listen(url: str) -> psycopg.Connection[tuple[object, ...]]:
     return connection
 
 
-def test_lifting_a_pause_wakes_the_replicas_holding_its_slots(store: Store, pg_url: str) -> None:
+def test_adding_and_lifting_a_pause_notifies_every_replica(store: Store, pg_url: str) -> None:
     send(store, "a", 1)
-    hint_pause = pauses.add_pause(store, OPERATOR, "hint", "a", "")
-    everything = pauses.add_pause(store, OPERATOR, "all", "", "")
-    slot = store.console_message(rows(store)[0].id)
-    assert slot is not None
     listener = _listen(pg_url)
     try:
+        hint_pause = pauses.add_pause(store, OPERATOR, "hint", "a", "")
         pauses.lift_pause(store, OPERATOR, hint_pause["id"])
-        pauses.lift_pause(store, OPERATOR, everything["id"])
         payloads = [note.payload for note in listener.notifies(timeout=5, stop_after=2)]
     finally:
         listener.close()
-    assert payloads == [str(slot.message.slot), "*"]
+    assert payloads == ["pauses", "pauses"]
+
+
+def test_a_lifted_pause_frees_its_hint_at_once_on_a_replica_that_just_read_the_pauses(store: Store) -> None:
+    """Long before the poll, and though the engine read the pauses (with the pause) a moment before."""
+    import threading
+    import time
+
+    from tests.integration.test_engine import Calls, engine, settings, wait_until
+    from worker.db.listener import Listener
+
+    held = send(store, "a", 1)
+    pause = pauses.add_pause(store, OPERATOR, "hint", "a", "")
+    settings_ = settings(poll={"interval": "PT60S"})
+    calls = Calls()
+    run = engine(store, calls, settings_)
+    url = store.engine.url.render_as_string(hide_password=False)
+    listener = Listener(settings_.database.model_copy(update={"url": url}), settings_.notify, run.wake, run.metrics)
+    thread = threading.Thread(target=listener.run, daemon=True)
+    thread.start()
+    try:
+        run.start()
+        wait_until(lambda: run.metrics.listener_up._value.get() == 1, "the listener connected")
+        other = send(store, "b", 1)  # a fetch of its slot reads the pauses: they are fresh in the engine's cache
+        wait_until(lambda: other in calls.ids(), "another hint called")
+        time.sleep(0.2)  # an absence: the paused hint is not called
+        assert held not in calls.ids()
+        pauses.lift_pause(store, OPERATOR, pause["id"])
+        wait_until(lambda: held in calls.ids(), "the paused hint called once its pause was lifted", timeout=5)
+    finally:
+        listener.stop()
+        thread.join(timeout=5)

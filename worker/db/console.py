@@ -35,7 +35,14 @@ from sqlalchemy.sql import ColumnElement
 from worker.config import Mode
 from worker.db.base import MessageFilter
 from worker.db.messages import MessageStatements, Pause, message_of_row
-from worker.db.schema import NOTIFY_CHANNEL, SLOT_COUNT, audit_table, message_table, pause_table
+from worker.db.schema import (
+    NOTIFY_CHANNEL,
+    PAUSES_CHANGED,
+    SLOT_COUNT,
+    audit_table,
+    message_table,
+    pause_table,
+)
 from worker.message import Message, MessageState
 
 m = message_table.c
@@ -48,7 +55,6 @@ ACTION_STATE: dict[str, MessageState | None] = {
     "resume": MessageState.PAUSED,
     "delete": None,
 }
-_WAKE_EVERY_SLOT = "*"  # a NOTIFY payload that is not a slot list wakes every slot (worker.db.listener)
 
 
 # -- values ---------------------------------------------------------------------------------------------------
@@ -396,6 +402,7 @@ class ConsoleStatements(MessageStatements):
             )
             row = connection.execute(statement).first()
             if row is not None:
+                self._notify_pauses(connection)
                 return _pause(row), True
             existing = connection.execute(
                 select(pause_table).where(pause_table.c.scope == scope, pause_table.c.target == target)
@@ -403,6 +410,13 @@ class ConsoleStatements(MessageStatements):
             return _pause(existing), False
 
         return self._write(work)
+
+    def _notify_pauses(self, connection: Connection) -> None:
+        """Tell every replica, at the commit, that the pauses changed: each reads them again and looks at every
+        slot (a lifted pause of a hint, a name or everything may free messages of any slot)."""
+        if self.dialect == "postgresql":
+            connection.execute(text("SELECT pg_notify(:channel, :payload)"),
+                               {"channel": NOTIFY_CHANNEL, "payload": PAUSES_CHANGED})
 
     def pauses_lift(self, pause_id: int) -> tuple[Pause, int] | None:
         """Lift a durable pause: delete it, resume the messages it paused, and wake the replicas whose slots
@@ -421,18 +435,7 @@ class ConsoleStatements(MessageStatements):
                 .where(m.pause_id == pause_id, m.state == MessageState.PAUSED.value)
                 .values(state=MessageState.READY.value, pause_id=None),
             )
-            if self.dialect == "postgresql":
-                wake: str | None = None
-                if pause.scope == "all":
-                    wake = _WAKE_EVERY_SLOT
-                elif pause.scope == "hint":
-                    slot = connection.execute(
-                        select(m.slot).where(m.correlation_hint == pause.target).limit(1)
-                    ).scalar_one_or_none()
-                    wake = None if slot is None else str(slot)
-                if wake is not None:
-                    notify = text("SELECT pg_notify(:channel, :slots)")
-                    connection.execute(notify, {"channel": NOTIFY_CHANNEL, "slots": wake})
+            self._notify_pauses(connection)
             return pause, resumed
 
         return self._write(work)

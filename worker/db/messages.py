@@ -907,43 +907,6 @@ class MessageStatements(StoreBase):
         statement = select(pause_table).order_by(pause_table.c.id)
         return self._run(lambda c: [_pause(row) for row in c.execute(statement)])
 
-    def pause_add(self, scope: str, target: str, reason: str, created_by: str) -> Pause:
-        """Create a durable pause (or return the one already there for the same scope and target)."""
-
-        def work(connection: Connection) -> Pause:
-            existing = connection.execute(
-                select(pause_table).where(pause_table.c.scope == scope, pause_table.c.target == target)
-            ).first()
-            if existing is not None:
-                return _pause(existing)
-            values: dict[str, Any] = {
-                "scope": scope,
-                "target": target,
-                "reason": reason,
-                "created_by": created_by,
-                "created_at": self._now(connection),
-            }
-            row = connection.execute(pause_table.insert().values(**values).returning(pause_table)).one()
-            return _pause(row)
-
-        return self._write(work)
-
-    def pause_remove(self, pause_id: int) -> Pause | None:
-        """Lift a durable pause: delete it and resume the messages it paused. None if there was none."""
-
-        def work(connection: Connection) -> Pause | None:
-            row = connection.execute(select(pause_table).where(pause_table.c.id == pause_id)).first()
-            if row is None:
-                return None
-            connection.execute(sa_delete(pause_table).where(pause_table.c.id == pause_id))
-            resumed = sa_update(message_table).where(
-                message_table.c.pause_id == pause_id, message_table.c.state == MessageState.PAUSED.value
-            )
-            self._notify_changed(connection, resumed.values(state=MessageState.READY.value, pause_id=None))
-            return _pause(row)
-
-        return self._write(work)
-
     # -- producers and operators ------------------------------------------------------------------------------
 
     def messages_insert(self, message: NewMessage) -> int | None:

@@ -42,6 +42,8 @@ SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 HINT_MAX_LENGTH = 255
 LOCK_NAME_MAX_LENGTH = 64
 NOTIFY_CHANNEL = "correlation_message"  # the producers' trigger notifies the slots it inserted into here
+# A notification whose payload is not a slot list wakes every slot; this one also says the pauses changed.
+PAUSES_CHANGED = "pauses"
 
 
 class UtcDateTime(TypeDecorator[datetime]):

@@ -227,7 +227,9 @@ class Engine:
             thread.join(timeout=10)
 
     def wake(self, slots: Iterable[int] | None = None) -> None:
-        """Fetch these slots (None: every slot) as soon as there is room."""
+        """Fetch these slots (None: every slot, and read the durable pauses again) as soon as there is room."""
+        if slots is None:
+            self._pauses = None
         now = self._monotonic()
         with self._cond:
             for state in self._slots.values() if slots is None else filter(None, map(self._slots.get, slots)):
