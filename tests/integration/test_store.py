@@ -330,3 +330,27 @@ def test_a_fetch_costs_what_it_returns_not_the_held_back_rows(store: Store, mode
         batches = _explain(store, sql, params, generic)
         assert not any(n["Node Type"] == "Seq Scan" for n in batches)
         assert _touched(batches) < 5_000, f"slot {slot}: reading batches touched {_touched(batches)} rows"
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+def test_a_hint_holding_most_of_the_table_does_not_make_the_other_hints_batches_cost_its_rows(
+    store: Store, generic: bool
+) -> None:
+    """100 000 messages behind one dead head, and a few live hints in the same slot: ANALYZE then sees a table of
+    few hints, yet reading the live hints' batches must not walk the big hint's rows."""
+    from worker.db.messages import _batches_statement
+
+    slot = _slot(store, "big")
+    live = [hint for hint in (f"live-{n}" for n in range(3000)) if _slot(store, hint) == slot][:8]
+    with store.engine.begin() as connection:
+        for hint in live:
+            connection.execute(text("INSERT INTO correlation_message (message_name, correlation_hint) "
+                                    "SELECT 'n', :hint FROM generate_series(1, 5)"), {"hint": hint})
+        connection.execute(text(
+            "INSERT INTO correlation_message (message_name, correlation_hint, state) "
+            "SELECT 'n', 'big', CASE WHEN g = 1 THEN 'dead' ELSE 'ready' END FROM generate_series(1, 100000) g"
+        ))
+        connection.execute(text("ANALYZE correlation_message"))
+    params = {"hints": [*live, "big"], "horizon": 2**62, "per_hint": 100, "limit": 100}
+    batches = _explain(store, _batches_statement("postgresql", Mode.FAIL_FIRST).text, params, generic)
+    assert _touched(batches) < 1_000, f"reading the batches touched {_touched(batches)} rows"

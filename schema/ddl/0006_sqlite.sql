@@ -1,0 +1,2 @@
+-- correlation-worker schema, revision 0006, SQLite: nothing (SQLite has no per-column planner estimates to fix;
+-- see 0006_postgresql.sql).
