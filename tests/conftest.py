@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import queue
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -140,21 +142,50 @@ def _fresh_pg_url(pg_server_url: str, template: str) -> tuple[str, str]:
     name = f"cw_test_{uuid.uuid4().hex[:12]}"
     for attempt in range(20):  # the template is briefly busy while another clone is made
         try:
-            _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            # A file copy of a small template is quicker to make and to drop than a WAL-logged one.
+            _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
             break
         except psycopg.errors.ObjectInUse:
             time.sleep(0.05 * (attempt + 1))
     return name, _database_url(pg_server_url, name)
 
 
+class _Dropper:
+    """Drops the databases of finished tests on a thread of its own (the next test need not wait)."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self.names: queue.Queue[str | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="database-dropper", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (name := self.names.get()) is not None:
+            _admin(self.server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def close(self) -> None:
+        self.names.put(None)
+        self.thread.join()
+
+
+@pytest.fixture(scope="session")
+def _dropper(pg_server_url: str) -> Iterator[_Dropper]:
+    dropper = _Dropper(pg_server_url)
+    try:
+        yield dropper
+    finally:
+        dropper.close()
+
+
 @pytest.fixture
-def pg_url(pg_server_url: str, pg_template: str) -> Iterator[str]:
+def pg_url(pg_server_url: str, pg_template: str, _dropper: _Dropper) -> Iterator[str]:
     """The URL of a fresh, migrated PostgreSQL database of this test's own."""
     name, url = _fresh_pg_url(pg_server_url, pg_template)
     try:
         yield url
     finally:
-        _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        # Nothing may use it any more: WITH (FORCE) ends a session left behind before the drop.
+        _dropper.names.put(name)
 
 
 @pytest.fixture

@@ -79,6 +79,7 @@ DOCUMENTED = {
 # The worker's labels, and those of the standard python_info and GC collectors (all bounded).
 BOUNDED_LABELS = {"message_name", "outcome", "state", "version", "le"}
 BOUNDED_LABELS |= {"implementation", "major", "minor", "patchlevel", "generation"}
+BOUNDED_LABELS |= {"kind"}  # of a database error: unavailable, timeout, refused, other
 
 
 # -- a handler that logs its own failure (the worker imports it as test_service:noisy) -----------------------

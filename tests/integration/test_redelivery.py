@@ -138,26 +138,26 @@ def _settle(poison_after: int):  # type: ignore[no-untyped-def]
     from worker.policy.outcomes import settle_lost_call
 
     return lambda call: settle_lost_call(
-        call.lost_calls, call.crashed_calls, call.last_error, abandoned=call.abandoned, alone=call.alone,
+        call.lost_calls, call.crashed_calls, call.last_error, crashed=call.crashed, alone=call.alone,
         poison_after=poison_after,
     )
 
 
-def test_calls_that_ran_beside_others_count_as_crashes_never_attributed_and_abandoned_ones_as_neither(
-    store: Store,
-) -> None:
+def test_each_runs_first_unrecorded_call_counts_as_a_crash_never_attributed_beside_others(store: Store) -> None:
+    """The rest of a run may not have started: lost only. Calls given up at shutdown: lost only. Nothing ran
+    alone, so nothing is poison even at poison_after=1."""
     dead = leaser(store, "dead")
     dead.run_once()
-    ran, together = send(store, "h-1"), send(store, "h-1")
+    ran, after = send(store, "h-1"), send(store, "h-1")
     slot = store.messages_get(ran).slot  # type: ignore[union-attr]
     single = send(store, hint_in_slot(store, slot, "single-"))  # a run of one, but other lanes were calling
     abandoned = send(store, hint_in_slot(store, slot, "other-"))
-    die_with_marks(store, dead, slot, InFlight(runs=((ran, together), (single,)), abandoned=(abandoned,)))
+    die_with_marks(store, dead, slot, InFlight(runs=((ran, after), (single,)), abandoned=(abandoned,)))
     heir = take_over(store, Metrics(), slot)
     adoption = store.slot_adopt_lost_calls(heir.fence(slot), _settle(1))  # type: ignore[arg-type]
-    assert sorted(adoption.lost) == sorted([ran, together, single, abandoned]) and adoption.crashed == ()
+    assert sorted(adoption.lost) == sorted([ran, after, single, abandoned]) and adoption.crashed == ()
     assert adoption.poisoned == (), "poison_after=1, yet nothing ran alone: nobody is blamed"
-    for row_id, crashes in ((ran, 1), (together, 1), (single, 1), (abandoned, 0)):
+    for row_id, crashes in ((ran, 1), (after, 0), (single, 1), (abandoned, 0)):
         message = store.messages_get(row_id)
         assert message is not None and (message.lost_calls, message.crashed_calls) == (1, crashes)
         assert message.state is MessageState.READY and message.redelivered

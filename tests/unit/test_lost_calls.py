@@ -1,12 +1,12 @@
-"""What a lost call means for its message: counted, a crash unless abandoned, poison only when it ran alone."""
+"""What a lost call means for its message: counted, a crash if it was under way, poison only when it ran alone."""
 
 from __future__ import annotations
 
 from worker.policy.outcomes import COUNTER_MAX, settle_lost_call
 
 
-def settle(lost: int, crashed: int, *, abandoned: bool = False, alone: bool = False, poison_after: int = 3):  # type: ignore[no-untyped-def]
-    return settle_lost_call(lost, crashed, "earlier", abandoned=abandoned, alone=alone, poison_after=poison_after)
+def settle(lost: int, crashes: int, *, crashed: bool = True, alone: bool = False, poison_after: int = 3):  # type: ignore[no-untyped-def]
+    return settle_lost_call(lost, crashes, "earlier", crashed=crashed, alone=alone, poison_after=poison_after)
 
 
 def test_a_call_lost_beside_others_is_a_crash_but_never_makes_its_message_dead() -> None:
@@ -27,8 +27,8 @@ def test_the_first_crash_beside_others_counts_towards_poison_after() -> None:
     assert outcome.dead and outcome.crashed_calls == 2
 
 
-def test_an_abandoned_call_is_lost_but_not_a_crash() -> None:
-    outcome = settle(2, 2, abandoned=True, alone=True, poison_after=1)
+def test_a_call_not_under_way_at_the_death_is_lost_but_not_a_crash() -> None:
+    outcome = settle(2, 2, crashed=False, alone=True, poison_after=1)  # given up at shutdown, or not started
     assert (outcome.lost_calls, outcome.crashed_calls, outcome.dead) == (3, 2, False)
 
 

@@ -116,7 +116,7 @@ class LostCall:
     lost_calls: int
     crashed_calls: int
     last_error: str | None
-    abandoned: bool  # given up at shutdown: lost, but its replica did not die during it
+    crashed: bool  # under way when its replica died: the first unrecorded call of its run, not given up at shutdown
     alone: bool  # no other call ran in its replica meanwhile: a crash then is attributable to it
 
 
@@ -850,11 +850,15 @@ class MessageStatements(StoreBase):
                 return Adoption()
             found = connection.execute(_LOST_ROWS[self.dialect], {"ids": ids}).all()
             present = set(connection.execute(_EXISTING, {"ids": ids}).scalars().all())
+            # A run's calls are made in order and leave the marks as their outcomes are written: its first call
+            # still there was the one under way (or made, its outcome not written yet); the rest may not have
+            # started.
+            under_way = {next((i for i in run if i in present), None) for run in marks.runs} - abandoned_ids
             lost, crashed, poisoned = [], [], []
             for r in found:
                 call = LostCall(
                     r.id, r.message_name, r.lost_calls, r.crashed_calls, r.last_error,
-                    abandoned=r.id in abandoned_ids, alone=r.id in alone_ids,
+                    crashed=r.id in under_way, alone=r.id in alone_ids,
                 )
                 outcome = settle(call)
                 connection.execute(
@@ -868,14 +872,14 @@ class MessageStatements(StoreBase):
                     },
                 )
                 lost.append(r.id)
-                if call.alone and not call.abandoned:
+                if call.crashed and call.alone:
                     crashed.append(r.id)
                 if outcome.dead:
                     poisoned.append((r.id, r.message_name))
             settled = {r.id for r in found}
             kept = [i for i in ids if i in present and i not in settled]
             rest = InFlight(
-                runs=tuple((i,) for i in kept if i not in abandoned_ids),
+                runs=tuple(kept_run for run in marks.runs if (kept_run := tuple(i for i in run if i in kept))),
                 abandoned=tuple(i for i in kept if i in abandoned_ids),
                 alone=tuple(i for i in kept if i in alone_ids),
             )

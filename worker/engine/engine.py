@@ -408,7 +408,7 @@ class Engine:
         def settle(call: LostCall) -> LostCallOutcome:
             poison_after = self.settings.policy_for(call.name).poison_after
             return settle_lost_call(
-                call.lost_calls, call.crashed_calls, call.last_error, abandoned=call.abandoned, alone=call.alone,
+                call.lost_calls, call.crashed_calls, call.last_error, crashed=call.crashed, alone=call.alone,
                 poison_after=poison_after,
             )
 

@@ -260,20 +260,21 @@ class LostCallOutcome:
 
 
 def settle_lost_call(
-    lost_calls: int, crashed_calls: int, last_error: str | None, *, abandoned: bool, alone: bool,
+    lost_calls: int, crashed_calls: int, last_error: str | None, *, crashed: bool, alone: bool,
     poison_after: int,
 ) -> LostCallOutcome:
     """Count one lost call; a message is dead once ``poison_after`` of its calls ended in a crash (0: never).
 
-    A call its replica gave up at shutdown (``abandoned``) is lost but did not crash. Any other lost call ended
-    in its replica's death (or the loss of its lease) and counts as a crash; the message is then delivered
-    again *alone*: with no other call running in its replica. Only a crash during such a call is attributable
-    to the message, so only one may make it dead: a message that merely ran beside a poison one is never
-    blamed for it.
+    Every call marked in flight without a recorded outcome is lost: it may have been made (its message is
+    delivered again, flagged as such). ``crashed``: it was under way when its replica died, as far as the marks
+    tell (the first unrecorded call of its run, not one given up at shutdown); the calls after it in its run
+    may not have started, and count as lost only. A message delivered again is called *alone*, with no other
+    call running in its replica: only a crash during such a call is attributable to the message, so only
+    one may make it dead. A message that merely ran beside a poison one is never blamed for it.
     """
     lost = min(lost_calls + 1, COUNTER_MAX)
-    crashes = crashed_calls if abandoned else min(crashed_calls + 1, lost)
-    if alone and not abandoned and poison_after > 0 and crashes >= poison_after:
+    crashes = min(crashed_calls + 1, lost) if crashed else crashed_calls
+    if crashed and alone and poison_after > 0 and crashes >= poison_after:
         reason = (
             f"poison message: its replica died during {crashes} calls of it without recording an outcome "
             f"(poison_after={poison_after}); the correlator may crash the process (exit, segfault, out of memory)"
