@@ -18,7 +18,7 @@ One run, on one PostgreSQL database::
 Usage::
 
     .venv/bin/python bench/cluster.py [--url URL] [--messages 100000] [--hints 1000] [--replicas 1,2,4]
-                                      [--page-size 1000] [--concurrency 1] [--json]
+                                      [--page-size 1000] [--concurrency 8] [--json]
 
 ``--url`` as in drain.py (default: ``CORRELATION_BENCH_DATABASE_URL``, else the local PostgreSQL server): a
 URL without a database name gets a throwaway database ``cw_bench_<random>``, dropped at the end; a URL naming
@@ -56,7 +56,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 CORRELATOR = "noop_correlator:correlate"  # bench/noop_correlator.py, on the workers' PYTHONPATH
 POLL_INTERVAL = "PT0.2S"
 # Only the lease rounds are sped up, so that a cluster balances in seconds rather than half a minute; the
-# term (30 s) and the safety margin (5 s) keep their defaults. During a drain this costs each replica one
+# term (40 s) and the safety margin (5 s) keep their defaults. During a drain this costs each replica one
 # lease round (three or four small statements) a second.
 LEASE_RENEW_INTERVAL = "PT1S"
 LEASE_DRAIN = "PT1S"
@@ -486,7 +486,8 @@ def verify(
 
 
 def measure_floor(driver: PostgresDriver, messages: int, hints: int, page_size: int) -> float:
-    """drain.py's floor on the same rows: msgs/s of SELECT id ... LIMIT page; DELETE ... = ANY; COMMIT."""
+    """drain.py's floor on the same rows: msgs/s of SELECT id, name, hint, payload, headers ... LIMIT page;
+    DELETE ... = ANY; COMMIT."""
     driver.insert(messages, hints)
     started = time.perf_counter()
     drained = driver.drain_floor(page_size)
@@ -523,7 +524,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--replicas", type=_replica_counts, default=[1, 2, 4], help="replica counts to run, in order (default 1,2,4)"
     )
     parser.add_argument("--page-size", type=int, default=1000, help="poll page size, also the floor's (default 1000)")
-    parser.add_argument("--concurrency", type=int, default=1, help="batches run at once per replica (default 1)")
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="CORRELATION_POLL__CONCURRENCY: lanes per replica (default 8)"
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.hints < 1 or args.page_size < 1 or args.concurrency < 1:
@@ -560,7 +563,8 @@ def report(runs: Sequence[ClusterFigures], floor: float, args: argparse.Namespac
         versus_one = f"{run.rate / base:.2f}" if base else "-"
         shares = " ".join(f"{member.messages / args.messages:.0%}" for member in run.members)
         print(f"{run.replicas:>8} {run.rate:>10,.0f} {versus_one:>6} {run.rate / floor:>9.2f}  {shares}")
-    print(f"{'floor':>8} {floor:>10,.0f}  (drain.py's loop: SELECT id ... LIMIT page; DELETE ... = ANY(...); COMMIT)")
+    print(f"{'floor':>8} {floor:>10,.0f}  (drain.py's loop: SELECT id, name, hint, payload, headers ... LIMIT page; "
+          "DELETE ... = ANY(...); COMMIT)")
     print(
         f"verified: each drain left the table empty, its replicas counted exactly {args.messages:,} successes "
         "(no retries, lease losses, fenced commits or redeliveries), no slot changed hands, every replica exited 0"

@@ -325,7 +325,9 @@ def run_once(url: str, driver: Driver, args: argparse.Namespace) -> RunFigures:
         started = time.perf_counter()
         engine.start()
         deadline = started + 600
-        while engine.committer.written < args.messages and time.perf_counter() < deadline:
+        while engine.committer.written < args.messages:
+            if time.perf_counter() > deadline:
+                raise SystemExit(f"the drain did not end within 600 s ({engine.committer.written} outcomes written)")
             time.sleep(0.002)
         engine_seconds = time.perf_counter() - started
         engine_cpu = time.process_time() - cpu_started

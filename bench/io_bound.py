@@ -74,7 +74,10 @@ def run_once(url: str, args: argparse.Namespace) -> float:
             stack.callback(engine.stop, 0.0)
             started = time.perf_counter()
             engine.start()
+            deadline = started + 600
             while engine.committer.written < args.messages:
+                if time.perf_counter() > deadline:
+                    raise SystemExit(f"the drain did not end within 600 s ({engine.committer.written} written)")
                 time.sleep(0.001)
             seconds = time.perf_counter() - started
 

@@ -1,9 +1,10 @@
 """Latency from a producer's INSERT to the correlator's call, with a real worker process on default settings.
 
 Sequential inserts with plain SQL (one autocommit INSERT, then wait until its message is called, then the next)
-against a ``correlation-worker run`` process whose correlator notes when each call starts. Both processes read
-the same machine clock. The reference, measured in the same run on the same database: the bare round trip of
-the producers' NOTIFY (commit → a listening connection receives it), the floor of any wake-up::
+against a ``correlation-worker run`` process whose correlator tells the benchmark (a UDP datagram on the
+loopback) when each call starts. Both processes read the same machine clock, and both figures run from the
+moment the producer sends its INSERT. The reference, measured in the same run on the same database: the same
+INSERT until its NOTIFY reaches a listening connection, the floor of any wake-up::
 
     .venv/bin/python bench/latency.py [--url URL] [--messages 500] [--json]
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -43,7 +46,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def notify_floor(conninfo: str, count: int) -> list[float]:
-    """Seconds from an INSERT's commit to the arrival of its NOTIFY on a listening connection."""
+    """Seconds from sending an INSERT (autocommit) to the arrival of its NOTIFY on a listening connection."""
     listener = psycopg.connect(conninfo, autocommit=True)
     producer = psycopg.connect(conninfo, autocommit=True)
     listener.execute("LISTEN correlation_message")
@@ -60,10 +63,11 @@ def notify_floor(conninfo: str, count: int) -> list[float]:
     latencies = []
     for _ in range(count):
         got.clear()
+        sent = time.time()
         producer.execute("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('floor', 'f')")
-        committed = time.time()
-        got.wait(10)
-        latencies.append(arrived[-1] - committed)
+        if not got.wait(10):
+            raise SystemExit("a NOTIFY did not arrive within 10 s")
+        latencies.append(arrived[-1] - sent)
     thread.join(10)
     producer.execute("DELETE FROM correlation_message WHERE message_name = 'floor'")
     listener.close()
@@ -75,7 +79,9 @@ def run(url: str, count: int) -> tuple[list[float], list[float]]:
     """Latencies of the engine and of the NOTIFY floor, in seconds."""
     conninfo = _conninfo(url)
     floor = notify_floor(conninfo, count)
-    journal = Path(tempfile.mkdtemp(prefix="cw-latency-")) / "calls"
+    calls = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    calls.bind(("127.0.0.1", 0))
+    workdir = Path(tempfile.mkdtemp(prefix="cw-latency-"))
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORRELATION_")}
     env.update(
         {
@@ -83,45 +89,47 @@ def run(url: str, count: int) -> tuple[list[float], list[float]]:
             "CORRELATION_METRICS__PORT": "0",
             "CORRELATION_POLL__INITIAL_DELAY": "PT0S",
             "CORRELATION_CORRELATORS": json.dumps({"*": "latency_correlator:record"}),
-            "LATENCY_JOURNAL": str(journal),
+            "LATENCY_PORT": str(calls.getsockname()[1]),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
         }
     )
-    log = journal.with_suffix(".log").open("wb")
+    log_path = workdir / "worker.log"
+    log = log_path.open("wb")
     worker = subprocess.Popen([sys.executable, "-m", "worker", "run"], env=env, stdout=log, stderr=log)
     try:
         producer = psycopg.connect(conninfo, autocommit=True)
         warmup = 20
         latencies = []
         seen: dict[int, float] = {}
-        offset = 0
         for number in range(count + warmup):
+            sent = time.time()
             row = producer.execute(
                 "INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('bench', %s) RETURNING id",
                 (f"hint-{number}",),
             ).fetchone()
-            committed = time.time()
             assert row is not None
-            deadline = committed + 30
+            deadline = sent + 30
             while row[0] not in seen:
-                if time.time() > deadline:
-                    raise SystemExit(f"message {row[0]} was not called within 30 s; see {log.name}")
-                if journal.exists():
-                    with journal.open() as lines:
-                        lines.seek(offset)
-                        for line in lines.readlines():
-                            message_id, at = line.split()
-                            seen[int(message_id)] = float(at)
-                        offset = lines.tell()
-                time.sleep(0.0002)
+                calls.settimeout(max(0.001, deadline - time.time()))
+                try:
+                    datagram = calls.recv(100)
+                except TimeoutError:
+                    raise SystemExit(f"message {row[0]} was not called within 30 s; see {log_path}") from None
+                message_id, at = datagram.decode().split()
+                seen[int(message_id)] = float(at)
             if number >= warmup:
-                latencies.append(seen[row[0]] - committed)
+                latencies.append(seen[row[0]] - sent)
         producer.close()
         return latencies, floor
     finally:
         worker.terminate()
-        worker.wait(30)
+        code = worker.wait(30)
         log.close()
+        calls.close()
+        if code != 0:
+            print(f"the worker exited with {code}; its log: {log_path}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> int:
@@ -140,7 +148,7 @@ def main() -> int:
                "p99_ms": percentile(values, 0.99) * 1000, "mean_ms": statistics.mean(values) * 1000}
         for name, values in (("engine", engine), ("notify_floor", floor))
     }
-    for name, label in (("engine", "insert → call"), ("notify_floor", "commit → NOTIFY received")):
+    for name, label in (("engine", "insert → call"), ("notify_floor", "insert → NOTIFY received")):
         f = figures[name]
         print(f"{label:26} p50 {f['p50_ms']:6.2f} ms  p90 {f['p90_ms']:6.2f} ms  p99 {f['p99_ms']:6.2f} ms")
     print(f"messages: {args.messages} sequential inserts (each waits for the call before the next)")
