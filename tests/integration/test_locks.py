@@ -224,6 +224,24 @@ def test_a_commit_with_a_taken_over_fence_is_fenced_off_and_writes_nothing(any_s
     assert any_store.messages_get(message_id) is not None
 
 
+def test_a_flush_over_two_slots_writes_the_held_ones_outcomes_and_nothing_of_the_lost_ones(any_store: Store) -> None:
+    """The lease rows are checked after the outcomes are written: a slot found lost rolls the flush back, and
+    it is written again without that slot."""
+    kept_id, lost_id = _one_message(any_store), _one_message(any_store)
+    kept = any_store.lock_try_acquire("slot:0", "a", LONG)
+    old = any_store.lock_try_acquire("slot:1", "a", SHORT)
+    assert kept is not None and old is not None
+    wait_past(any_store, row(any_store, "slot:1").lock_until)
+    assert any_store.lock_try_acquire("slot:1", "b", LONG) is not None
+    outcome = any_store.messages_record([
+        SlotWrite(0, kept, (Disposition(kept_id, Kind.DELETE, 0),)),
+        SlotWrite(1, old, (Disposition(lost_id, Kind.DELETE, 0),)),
+    ])
+    assert outcome.lost == {1} and outcome.written == {kept_id} and 0 in outcome.remaining
+    assert any_store.messages_get(kept_id) is None
+    assert any_store.messages_get(lost_id) is not None
+
+
 def test_a_commit_after_the_term_ended_is_fenced_off_even_if_no_one_took_over(any_store: Store) -> None:
     message_id = _one_message(any_store)
     fence = any_store.lock_try_acquire("slot:0", "a", SHORT)

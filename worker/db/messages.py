@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -93,6 +94,14 @@ class SlotWrite:
     dispositions: tuple[Disposition, ...] = ()
     marks: str | None = None  # the JSON of in_flight after this flush
     version: int = 0  # the marks' version: a write replaces only an older one
+
+
+class _FenceLost(Exception):
+    """A flush found these slots' leases gone after writing their outcomes; its transaction is rolled back."""
+
+    def __init__(self, slots: frozenset[int]) -> None:
+        super().__init__(f"the leases of slots {sorted(slots)} are gone")
+        self.slots = slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,36 +706,47 @@ class MessageStatements(StoreBase):
         """
         if not writes:
             return FlushOutcome()
-        try:
-            return self._write(lambda c: self._record(c, writes, one_by_one=False))
-        except (StoreError, DBAPIError) as error:
-            if isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
-                raise
-        return self._write(lambda c: self._record(c, writes, one_by_one=True))
+        one_by_one = False
+        lost: frozenset[int] = frozenset()
+        while True:
+            held = [w for w in writes if w.slot not in lost]
+            try:
+                result = self._write(partial(self._record, writes=held, one_by_one=one_by_one))
+            except _FenceLost as error:  # rolled back: written again without the slots whose lease is gone
+                lost |= error.slots
+                continue
+            except (StoreError, DBAPIError) as error:
+                if one_by_one or isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
+                    raise
+                one_by_one = True
+                continue
+            return replace(result, lost=result.lost | lost) if lost else result
 
     def _record(self, connection: Connection, writes: Sequence[SlotWrite], *, one_by_one: bool) -> FlushOutcome:
-        lost: set[int] = set()
+        # The outcomes first, the lease rows last: the marks lanes wait for update the same rows, so the
+        # transaction holds them only for its last statement and its commit. A lease found gone then rolls
+        # the whole transaction back (``_FenceLost``), and it is written again without that slot.
+        held = [d for write in writes for d in write.dispositions]
+        ids = [d.message_id for d in held]
+        failed: dict[int, str] = {}
+        written: set[int] = set()
+        if held:
+            if one_by_one or self.dialect != "postgresql":
+                written = self._record_each(connection, held, failed, isolate=one_by_one)
+            else:
+                written = self._record_together(connection, held)
         remaining: dict[int, float] = {}
-        held: list[Disposition] = []
+        lost: frozenset[int] = frozenset()
         fenced = sorted((w for w in writes if w.fence is not None), key=lambda w: w.slot)  # one lock order
         if fenced:
             remaining = self._fence_and_mark(connection, fenced)
-            lost = {w.slot for w in fenced if w.slot not in remaining}
-        for write in writes:
-            if write.slot not in lost:
-                held += write.dispositions
-        if not held:
-            return FlushOutcome(frozenset(lost), remaining)
-        ids = [d.message_id for d in held]
-        failed: dict[int, str] = {}
-        if one_by_one or self.dialect != "postgresql":
-            written = self._record_each(connection, held, failed, isolate=one_by_one)
-        else:
-            written = self._record_together(connection, held)
+            lost = frozenset(w.slot for w in fenced if w.slot not in remaining)
+            if any(w.dispositions for w in fenced if w.slot in lost):
+                raise _FenceLost(lost)
         missing = [i for i in ids if i not in written and i not in failed]
         present = set(connection.execute(_EXISTING, {"ids": missing}).scalars().all()) if missing else set()
         return FlushOutcome(
-            frozenset(lost),
+            lost,
             remaining,
             frozenset(written),
             frozenset(i for i in missing if i not in present),

@@ -399,9 +399,13 @@ class Lanes:
     def _leave(self, lane: _Lane) -> None:
         with self._cond:
             lane.admitted = False
-            if self._alone is lane:
+            was_alone = self._alone is lane
+            if was_alone:
                 self._alone = None
-            self._cond.notify_all()
+            # Who waits for a lane to leave: the gate (for a lane alone, or for every lane to leave) and a stop.
+            # Every run ends here: waking all the lanes each time cost more than the calls of a fast correlator.
+            if was_alone or self._alone_waiting or self._stopping:
+                self._cond.notify_all()
 
     def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> None:
         first = run[0]
