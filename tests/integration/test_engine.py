@@ -408,6 +408,41 @@ def test_a_batch_ending_while_its_slot_is_fetched_has_the_next_batch_fetched_at_
     wait_until(lambda: calls.ids() == ids, "every batch of the hint, long before the next poll", timeout=10)
 
 
+def test_hints_fetched_while_the_replica_stops_leave_their_slot_free_to_release(store: Store) -> None:
+    """A fetch under way when the stop begins hands its hints over after the lanes stopped taking work: they are
+    let go at once, so that the slot is not kept (and its lease not held to its term) for calls never made."""
+    send(store, "late")
+    fetch = store.messages_fetch_slot
+    fetched, stopping = threading.Event(), threading.Event()
+
+    def fetch_then_wait(*args: Any, **kwargs: Any) -> Any:
+        candidates, batches = fetch(*args, **kwargs)
+        if batches.messages and not fetched.is_set():
+            fetched.set()
+            assert stopping.wait(DEADLINE)  # the lanes take no more work now
+        return candidates, batches
+
+    store.messages_fetch_slot = fetch_then_wait  # type: ignore[method-assign]
+    calls = Calls()
+    run = engine(store, calls)
+    stop_taking_work = run.lanes.stop_taking_work
+
+    def stop_taking_work_then_go_on() -> Any:
+        dropped = stop_taking_work()
+        stopping.set()
+        return dropped
+
+    run.lanes.stop_taking_work = stop_taking_work_then_go_on  # type: ignore[method-assign]
+    run.start()
+    assert fetched.wait(DEADLINE)
+    stopper = threading.Thread(target=run.stop, args=(1.0,))
+    stopper.start()
+    stopper.join(DEADLINE)
+    assert not stopper.is_alive()
+    assert run.slots_in_use() == set()
+    assert calls.ids() == [] and len(rows(store)) == 1
+
+
 def test_concurrency_counts_calls_in_flight_across_slots(store: Store) -> None:
     for n in range(40):
         send(store, f"hint-{n}")

@@ -241,8 +241,12 @@ class Lanes:
         if not works:
             return
         with self._cond:
-            self._rotation.extend(works)
-            self._cond.notify_all()
+            if not self._stopping:
+                self._rotation.extend(works)
+                self._cond.notify_all()
+                return
+        for work in works:  # fetched while the replica stops: let go at once, or their slots stay busy
+            self.settle(work)
 
     def drop_slot(self, slot: int) -> list[HintWork]:
         """Take a slot's hints out of the rotation (its lease is gone); returns them."""
