@@ -320,16 +320,22 @@ class WorkerProcess:
             return -9
 
 
-def run_cli(database: Database, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m worker ARGS`` with the same environment as the workers; it must exit 0."""
-    result = subprocess.run(
+def cli(database: Database, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    """Run ``correlation-worker ARGS`` to its end, with the workers' environment plus ``settings``."""
+    return subprocess.run(
         [sys.executable, "-m", "worker", *args],
-        env=worker_env(database),
+        env=worker_env(database, **settings),
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def run_cli(database: Database, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m worker ARGS`` with the same environment as the workers; it must exit 0."""
+    result = cli(database, *args)
     assert result.returncode == 0, f"correlation-worker {' '.join(args)}: {result.stdout}{result.stderr}"
     return result
 

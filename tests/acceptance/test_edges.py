@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
-from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, wait_until, worker_env
+from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, cli, wait_until, worker_env
 from sqlalchemy.engine import make_url
 
 import worker
@@ -44,19 +44,6 @@ def always_fails(message: worker.Message) -> None:
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
-
-
-def cli(database: Database, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
-    """Run ``correlation-worker ARGS`` to its end with the workers' environment plus ``settings``."""
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        env=worker_env(database, **settings),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:

@@ -11,8 +11,6 @@ import json
 import logging
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
-from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, wait_until, worker_env
+from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, cli, wait_until, worker_env
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from psycopg.rows import dict_row
@@ -188,19 +186,6 @@ def database_now(database: Database) -> datetime:
     rows = database.execute("SELECT clock_timestamp() AS now")
     now: datetime = rows[0]["now"]
     return now
-
-
-def command(database: Database, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
-    """Run ``correlation-worker ARGS`` to its end, with the workers' environment plus ``settings``."""
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        env=worker_env(database, **settings),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def lines(text: str) -> list[str]:
@@ -412,7 +397,7 @@ def test_a_worker_refuses_an_out_of_date_schema_in_one_line_naming_the_migrate_c
     empty_pg_url: str,
 ) -> None:
     database = ReconnectingDatabase(empty_pg_url)
-    result = command(database, "run", database__auto_migrate="false", log__level="WARNING")
+    result = cli(database, "run", database__auto_migrate="false", log__level="WARNING")
 
     assert result.returncode != 0
     assert len(lines(result.stderr)) == 1, result.stderr
@@ -583,12 +568,12 @@ def test_the_database_password_never_appears_in_logs_or_in_check_config(
     assert "postgres:***@" in log, "the database is named in the log, its password hidden"
     assert PASSWORD not in log
 
-    checked = command(pg_db, "check-config", database__url=secret_url)
+    checked = cli(pg_db, "check-config", database__url=secret_url)
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout)["database"]["url"] == with_password(pg_db.url).replace(PASSWORD, "***")
     assert PASSWORD not in checked.stdout + checked.stderr
 
-    refused = command(pg_db, "check-config", database__url=f"mysql://shop:{PASSWORD}@db.example/shop")
+    refused = cli(pg_db, "check-config", database__url=f"mysql://shop:{PASSWORD}@db.example/shop")
     assert refused.returncode == 2
     assert "CORRELATION_DATABASE__URL" in refused.stderr
     assert PASSWORD not in refused.stdout + refused.stderr
@@ -598,7 +583,7 @@ def test_the_database_password_never_appears_in_logs_or_in_check_config(
 
 
 def test_check_config_prints_the_effective_configuration_with_defaults_and_overrides(pg_db: Database) -> None:
-    result = command(pg_db, "check-config", policy__max_retries="7", policies='{"order.paid": {"max_retries": 3}}')
+    result = cli(pg_db, "check-config", policy__max_retries="7", policies='{"order.paid": {"max_retries": 3}}')
 
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)
@@ -622,7 +607,7 @@ def test_check_config_prints_the_effective_configuration_with_defaults_and_overr
 
 @pytest.mark.parametrize("subcommand", ["run", "check-config"])
 def test_a_bad_setting_stops_the_command_with_exit_2_and_one_line_naming_it(pg_db: Database, subcommand: str) -> None:
-    result = command(pg_db, subcommand, poll__interval="P1M")
+    result = cli(pg_db, subcommand, poll__interval="P1M")
 
     assert result.returncode == 2
     assert result.stdout == ""

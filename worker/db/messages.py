@@ -520,9 +520,8 @@ _PARK = text(
     "UPDATE correlation_message SET state = 'paused', pause_id = :pause_id WHERE id = :id AND state = 'ready'"
 )
 
-_COUNT_BY_STATE = text(
-    """
-    SELECT
+# How many rows of each state, expired ones apart (the census of `status` and the gauges).
+_CENSUS_COLUMNS = """
       sum(CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 1 ELSE 0 END) AS expired,
       sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
                     AND (next_attempt_at IS NULL OR next_attempt_at <= :now) THEN 1 ELSE 0 END) AS ready,
@@ -530,24 +529,14 @@ _COUNT_BY_STATE = text(
                     AND next_attempt_at > :now THEN 1 ELSE 0 END) AS waiting,
       sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'paused' THEN 1 ELSE 0 END) AS paused,
       sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'dead' THEN 1 ELSE 0 END) AS dead
-    FROM correlation_message
-    """
-).bindparams(bindparam("now", type_=UtcDateTime()))
+"""
+_COUNT_BY_STATE = text(f"SELECT {_CENSUS_COLUMNS} FROM correlation_message").bindparams(
+    bindparam("now", type_=UtcDateTime())
+)
 
 # The same census per message name, for the backlog gauge (bounded to the largest names by the caller).
 _COUNT_BY_NAME_AND_STATE = text(
-    """
-    SELECT message_name,
-      sum(CASE WHEN expires_at IS NOT NULL AND expires_at <= :now THEN 1 ELSE 0 END) AS expired,
-      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
-                    AND (next_attempt_at IS NULL OR next_attempt_at <= :now) THEN 1 ELSE 0 END) AS ready,
-      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'ready'
-                    AND next_attempt_at > :now THEN 1 ELSE 0 END) AS waiting,
-      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'paused' THEN 1 ELSE 0 END) AS paused,
-      sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'dead' THEN 1 ELSE 0 END) AS dead
-    FROM correlation_message
-    GROUP BY message_name
-    """
+    f"SELECT message_name, {_CENSUS_COLUMNS} FROM correlation_message GROUP BY message_name"
 ).bindparams(bindparam("now", type_=UtcDateTime()))
 
 _DELETE_EXPIRED = text(
