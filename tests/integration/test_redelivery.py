@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from sqlalchemy import text
 
@@ -205,6 +206,37 @@ def test_a_message_delivered_again_is_called_with_no_other_call_beside_it_and_ma
     assert result.correlated == len(others) + 1 and result.adopted == 1
     assert beside == set(), "no other call ran while the message delivered again was being called"
     assert [m.alone for m in marks_during] == [(lost,)], "its mark says it ran alone"
+
+
+def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_written(store: Store) -> None:
+    """Were another call to kill the process while the lone call's outcome still waited to be written, the lone
+    call's mark would remain and the crash would be blamed on it: the gate stays shut until the write."""
+    dead = leaser(store, "dead")
+    dead.run_once()
+    lost = send(store, "lost-1")
+    slot = store.messages_get(lost).slot  # type: ignore[union-attr]
+    others = [send(store, hint_in_slot(store, slot, f"h{n}-")) for n in range(4)]
+    die_with_marks(store, dead, slot, InFlight(runs=((lost,),)))
+    heir = take_over(store, Metrics(), slot)
+    record = store.messages_record
+
+    def slow_record(writes: Any) -> Any:
+        time.sleep(0.2)  # the lone call's outcome is written well after its call returned
+        return record(writes)
+
+    store.messages_record = slow_record  # type: ignore[method-assign]
+    lost_row_at_calls: list[bool] = []
+
+    def handler(message: Message) -> None:
+        if message.id != lost:
+            lost_row_at_calls.append(store.messages_get(lost) is not None)
+
+    settings = Settings(poll={"interval": "PT1S", "concurrency": 4}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, heir, Metrics(), heir.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    result = engine.run_once()
+    assert result.correlated == len(others) + 1 and result.adopted == 1
+    assert lost_row_at_calls == [False] * len(others), "every other call started after the lone outcome was written"
 
 
 def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are_written(store: Store) -> None:

@@ -369,8 +369,17 @@ class Lanes:
             return
         try:
             self._serve_run(lane, work, run, alone)
+            if wants_alone:
+                self._await_recorded(lane, work)
         finally:
             self._leave(lane)
+
+    def _await_recorded(self, lane: _Lane, work: HintWork) -> None:
+        """Hold the gate until a lone run's outcomes are written: if a call after it killed the process before
+        then, its mark would still be there, and the crash would be blamed on it."""
+        with self._cond:
+            while work.unrecorded and not lane.abandoned and not self._stopping:
+                self._cond.wait(0.5)
 
     def _admit(self, lane: _Lane, wants_alone: bool) -> bool | None:
         """Wait at the gate: a lane calling a message alone runs with no other lane admitted.
@@ -534,6 +543,8 @@ class Lanes:
     def _recorded(self, work: HintWork, ended: Sequence[tuple[Message, str]]) -> None:
         with self._cond:
             work.unrecorded -= len(ended)
+            if self._alone is not None:  # a lone run may wait for its outcomes before it lets others in
+                self._cond.notify_all()
         self.settle(work)
 
     def settle(self, work: HintWork) -> None:
