@@ -18,6 +18,7 @@ from worker.config import Settings
 from worker.correlators import Router
 from worker.db.messages import InFlight
 from worker.db.store import NewMessage, Store
+from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
 from worker.engine.leases import SlotLeaser, slot_lock_name
 from worker.message import Message, MessageState
@@ -226,9 +227,13 @@ def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_wr
 
     store.messages_record = slow_record  # type: ignore[method-assign]
     lost_row_at_calls: list[bool] = []
+    marks_at_lone_call: list[InFlight] = []
 
     def handler(message: Message) -> None:
-        if message.id != lost:
+        if message.id == lost:  # nothing else is marked meanwhile, not even ahead
+            wait_until(lambda: bool(marked_ids(store) - {lost}), seconds=0.3)
+            marks_at_lone_call.extend(InFlight.from_json(marks) for marks in in_flight_marks(store).values())
+        else:
             lost_row_at_calls.append(store.messages_get(lost) is not None)
 
     settings = Settings(poll={"interval": "PT1S", "concurrency": 4}, metrics={"enabled": False})
@@ -237,6 +242,81 @@ def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_wr
     result = engine.run_once()
     assert result.correlated == len(others) + 1 and result.adopted == 1
     assert lost_row_at_calls == [False] * len(others), "every other call started after the lone outcome was written"
+    assert marks_at_lone_call == [InFlight(runs=((lost,),), alone=(lost,))]
+
+
+def marked_ids(store: Store) -> set[int]:
+    return {i for marks in in_flight_marks(store).values() for run in InFlight.from_json(marks).runs for i in run}
+
+
+def wait_until(condition: Any, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_while_every_lane_calls_the_next_hints_run_is_marked_before_a_lane_is_free(store: Store) -> None:
+    """A lane that ends its run finds the next one marked already: it never waits for a mark between runs."""
+    holder = leaser(store, "a")
+    holder.run_once()
+    first = send(store, "order-1")
+    second = send(store, hint_in_slot(store, store.messages_get(first).slot, "other-"))  # type: ignore[union-attr]
+    calls: list[int] = []
+    marked_during_call: list[bool] = []
+
+    def handler(message: Message) -> None:
+        if not calls:  # the one lane calls: the other hint's run is marked meanwhile
+            other = second if message.id == first else first
+            marked_during_call.append(wait_until(lambda: other in marked_ids(store)))
+        calls.append(message.id)
+
+    settings = Settings(poll={"interval": "PT1S", "concurrency": 1}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, holder, Metrics(), holder.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    result = engine.run_once()
+    assert marked_during_call == [True]
+    assert sorted(calls) == [first, second] and result.correlated == 2
+    assert in_flight_marks(store) == {}
+
+
+def test_a_run_marked_ahead_when_its_replica_dies_is_delivered_again_counted_and_not_blamed(store: Store) -> None:
+    """A run marked ahead may not have started when the replica died: it is delivered again, counted as lost,
+    and it cannot make its message dead, which only a crash during a call made alone can."""
+    holder = leaser(store, "dead")
+    holder.run_once()
+    first = send(store, "order-1")
+    slot = store.messages_get(first).slot  # type: ignore[union-attr]
+    second = send(store, hint_in_slot(store, slot, "other-"))
+    at_death: list[str] = []
+    dying, gone = threading.Event(), threading.Event()
+
+    def handler(message: Message) -> None:  # the first call hangs: its replica is as good as dead
+        other = second if message.id == first else first
+        if wait_until(lambda: other in marked_ids(store)):
+            at_death.extend(in_flight_marks(store).values())
+        dying.set()
+        gone.wait(30)
+
+    settings = Settings(poll={"interval": "PT1S", "concurrency": 1}, metrics={"enabled": False})
+    zombie = Engine(store, Router({"*": handler}), settings, holder, Metrics(), holder.holder)
+    stop_at_teardown(gone.set)
+    stop_at_teardown(lambda: zombie.stop(grace=0))
+    zombie.start()
+    assert dying.wait(10)
+    assert len(at_death) == 1
+    marks = InFlight.from_json(at_death[0])
+    assert sorted(marks.runs) == sorted(((first,), (second,))) and not marks.alone
+    die_with_marks(store, holder, slot, at_death[0])
+    metrics = Metrics()
+    heir = take_over(store, metrics, slot)
+    calls: list[int] = []
+    result = engine_of(store, heir, metrics, calls, poison_after=1).run_once()
+    assert sorted(calls) == [first, second] and result.correlated == 2 and result.adopted == 2
+    assert metrics.redeliveries._value.get() == 2 and metrics.lost_calls._value.get() == 2
+    assert in_flight_marks(store) == {}
 
 
 def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are_written(store: Store) -> None:
@@ -246,15 +326,22 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are
     calls: list[int] = []
     engine = engine_of(store, holder, Metrics(), calls)
     marked, go = threading.Event(), threading.Event()
-    mark = engine.committer.mark
+    mark_ahead = engine.committer.mark_ahead
 
-    def mark_then_wait(*args: object, **kwargs: object) -> float | None:  # stops between the mark and the call
-        remaining = mark(*args, **kwargs)  # type: ignore[arg-type]
-        marked.set()
-        go.wait(10)
-        return remaining
+    def mark_then_wait(*args: object, **kwargs: object) -> MarkTicket:  # stops between the mark and the call
+        ticket = mark_ahead(*args, **kwargs)  # type: ignore[arg-type]
+        wait = ticket.wait
 
-    engine.committer.mark = mark_then_wait  # type: ignore[method-assign]
+        def wait_then_hold() -> float | None:
+            remaining = wait()
+            marked.set()
+            go.wait(10)
+            return remaining
+
+        ticket.wait = wait_then_hold  # type: ignore[method-assign]
+        return ticket
+
+    engine.committer.mark_ahead = mark_then_wait  # type: ignore[method-assign]
     engine.start()
     assert marked.wait(10)
     assert in_flight_marks(store) != {}
@@ -267,3 +354,29 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are
     stopper.join(10)
     assert calls == [], "a replica stopping makes no call it had not started"
     assert in_flight_marks(store) == {}, "the mark of the call not made is gone before the slot is released"
+
+
+def test_a_replica_whose_every_lane_is_stuck_keeps_no_run_marked_ahead(store: Store) -> None:
+    """Its calls will not start before it is restarted: were they left marked, they would count as lost."""
+    holder = leaser(store, "a")
+    holder.run_once()
+    first = send(store, "order-1")
+    second = send(store, hint_in_slot(store, store.messages_get(first).slot, "other-"))  # type: ignore[union-attr]
+    release = threading.Event()
+    stop_at_teardown(release.set)
+    started: list[int] = []
+
+    def handler(message: Message) -> None:
+        started.append(message.id)
+        release.wait(30)
+
+    settings = Settings(
+        poll={"interval": "PT1S", "concurrency": 1}, policy={"handler_timeout": "PT0.3S"}, metrics={"enabled": False},
+    )
+    engine = Engine(store, Router({"*": handler}), settings, holder, Metrics(), holder.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.start()
+    assert wait_until(lambda: engine.health() is not None and engine.committer.written == 1)
+    assert len(started) == 1
+    assert wait_until(lambda: in_flight_marks(store) == {}), "the other hint's run is not left marked"
+    assert engine.lanes.waiting() == 1

@@ -6,7 +6,8 @@ transaction per flush, fenced by the slots' leases.
 
 *Marks*: before a lane calls messages, they are marked on its slot's lease row (``in_flight``), so that
 whoever takes the slot over after this replica died knows which calls were under way (DESIGN.md §3 "Poison
-messages", §4 invariant 2). Lanes wait for their marks; the *marker* writes the marks of many lanes in one
+messages", §4 invariant 2). Calls wait for their marks (a lane may ask for its next run's mark ahead, while it
+still calls: :meth:`Committer.mark_ahead`); the *marker* writes the marks of many lanes in one
 fenced statement committed without waiting for the disk, on a thread and connection of its own, so that no
 lane waits behind a durable flush of outcomes. The marks of a slot are kept here, in memory, and every write
 of them (the marker's, or the recorder's flush removing the calls whose outcomes it records) carries the
@@ -55,17 +56,29 @@ Recorded = Callable[[Sequence[tuple[Message, str]]], None]
 
 
 @dataclass(eq=False)
-class _MarkRequest:
-    """A lane waiting for its calls' mark: the seconds left of the lease once written, None if refused."""
+class MarkTicket:
+    """Calls waiting for their mark: :meth:`wait` gives the seconds left of the lease once it is written, or
+    None when the calls must not start (their marks are withdrawn then)."""
 
+    committer: Committer | None
     slot: int
     ids: Sequence[int]
+    asked: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     remaining: float | None = None
+    seconds: float = 0.0  # how long the mark took to be written
 
-    def answer(self, remaining: float | None) -> None:
+    def answer(self, remaining: float | None, now: float = 0.0) -> None:
         self.remaining = remaining
+        self.seconds = max(0.0, now - self.asked)
         self.done.set()
+
+    def wait(self) -> float | None:
+        """Block until the mark is written (or refused)."""
+        self.done.wait()
+        if self.remaining is None and self.committer is not None:
+            self.committer.unmark(self.slot, self.ids)
+        return self.remaining
 
 
 @dataclass(eq=False)
@@ -135,7 +148,7 @@ class Committer:
         self._cond = threading.Condition()
         self._queued: list[Outcomes] = []
         self._deferred: list[Outcomes] = []
-        self._requests: list[_MarkRequest] = []
+        self._requests: list[MarkTicket] = []
         self._marks: dict[int, _SlotMarks] = {}
         self._dirty: set[int] = set()  # slots whose marks changed since the last flush
         self._dirty_since = 0.0
@@ -157,19 +170,23 @@ class Committer:
         Returns the seconds left of the lease, or None when the calls must not start: the lease is gone, the
         replica stops, or the database cannot be written now (the hint is left for later).
         """
+        return self.mark_ahead(slot, fence, ids, alone).wait()
+
+    def mark_ahead(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> MarkTicket:
+        """Ask for the calls' mark and return at once: the calls start after the ticket's :meth:`~MarkTicket.wait`
+        (so that a lane can have its next run marked while it still makes the calls of this one)."""
+        ticket = MarkTicket(self, slot, ids, self._monotonic())
         if fence is None:  # no lease, nothing to tell a successor: the calls may start at once
-            return float("inf")
-        request = _MarkRequest(slot, ids)
+            ticket.answer(float("inf"), ticket.asked)
+            return ticket
         with self._cond:
             if self._stopping:
-                return None
+                ticket.answer(None)
+                return ticket
             self._slot(slot, fence).add(next(self._tokens), ids, alone)
-            self._requests.append(request)
+            self._requests.append(ticket)
             self._cond.notify_all()
-        request.done.wait()
-        if request.remaining is None:
-            self.unmark(slot, ids)
-        return request.remaining
+        return ticket
 
     def run_marks(self) -> None:
         """Write the marks lanes wait for, many at once, until stopped (run it on a thread of its own).
@@ -184,7 +201,7 @@ class Committer:
                 requests, self._requests = self._requests, []
                 if self._stopping:
                     for request in requests:
-                        request.answer(None)
+                        request.answer(None, self._monotonic())
                     return
                 writes = []
                 for slot in sorted({request.slot for request in requests}):
@@ -197,13 +214,15 @@ class Committer:
             except Exception as error:  # the calls are not made: their hints are left for later
                 self.metrics.database_error(error)
                 logger.warning("marking calls in flight failed; their hints are left for later: %s", error)
+                now = self._monotonic()
                 for request in requests:
-                    request.answer(None)
+                    request.answer(None, now)
                 continue
             for slot in sorted(result.lost):
                 self._lease_lost(slot)
+            now = self._monotonic()
             for request in requests:
-                request.answer(None if request.slot in result.lost else result.remaining.get(request.slot))
+                request.answer(None if request.slot in result.lost else result.remaining.get(request.slot), now)
 
     def unmark(self, slot: int, ids: Sequence[int]) -> None:
         """These marked calls will not be made after all (the batch stopped early)."""

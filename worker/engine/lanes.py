@@ -7,7 +7,14 @@ the rotation or with one lane, never two: one hint never has two calls at once.
 
 A run is marked in flight (on the slot's lease row, through the committer) before its first call starts, so a
 replica taking the slot over after this one died knows which calls were under way. A run is one call for
-correlators slower than a mark and several for fast ones (:func:`worker.policy.batching.run_length`).
+correlators slower than a mark and several for fast ones (:func:`worker.policy.batching.run_length`). While
+every lane calls, a lane starting its run has the next run of the rotation's front *marked ahead* (at most one
+per lane, never for a message to call alone): the first lane free takes it and calls at once, so that lanes do
+not wait for a write between two runs. A replica dying meanwhile leaves that run marked, delivered again by
+its successor as a run under way would be::
+
+    lane:    ask mark A ── wait ── call A ─────────────── call B ─────────── call C ...
+    marker:            write A ┘└ write B (asked ahead) └ write C (asked ahead)
 
 A message already lost once (its replica died during its call) is called *alone*: its lane waits until no
 other lane is in a run, other lanes wait until its call is over, and its mark says so. Should the replica die
@@ -36,7 +43,7 @@ from typing import Protocol
 from worker.config import Mode, Policy, Settings, format_duration
 from worker.correlators import Router
 from worker.db.base import Fence
-from worker.engine.committer import Committer, Outcomes
+from worker.engine.committer import Committer, MarkTicket, Outcomes
 from worker.message import Message
 from worker.policy.batching import run_length
 from worker.policy.outcomes import (
@@ -126,6 +133,15 @@ class _Lane:
         return [message.id for message in self.run[self.index + 1 :]]
 
 
+@dataclass(eq=False)
+class _Ahead:
+    """A hint's next run, marked while the lanes are all calling, for the first lane that is free."""
+
+    work: HintWork
+    run: list[Message]
+    ticket: MarkTicket
+
+
 class Lanes:
     """The lane threads and the rotation of hints waiting for them."""
 
@@ -155,6 +171,8 @@ class Lanes:
         self.concurrency = settings.poll.concurrency
         self._cond = threading.Condition()
         self._rotation: deque[HintWork] = deque()
+        # The front of the rotation, its runs marked ahead while every lane was calling: lanes take these first.
+        self._ahead: deque[_Ahead] = deque()  # at most one per lane
         self._lanes: list[_Lane] = []
         self._numbers = itertools.count(1)
         self._hung = 0
@@ -194,8 +212,23 @@ class Lanes:
             self._stopping = True
             dropped = list(self._rotation)
             self._rotation.clear()
+            dropped += self._let_go_ahead(lambda work: True)
             self._cond.notify_all()
         return dropped
+
+    def _let_go_ahead(self, which: Callable[[HintWork], bool]) -> list[HintWork]:
+        """Under the lock: take these hints' runs marked ahead out, their marks withdrawn; returns the hints."""
+        let_go, kept = [], deque[_Ahead]()
+        for item in self._ahead:
+            if not which(item.work):
+                kept.append(item)
+                continue
+            self.committer.unmark(item.work.slot, [message.id for message in item.run])
+            item.work.pending.extendleft(reversed(item.run))
+            item.work.running = False
+            let_go.append(item.work)
+        self._ahead = kept
+        return let_go
 
     def wait_for_calls(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for running calls to end; give up on those still running then.
@@ -229,7 +262,8 @@ class Lanes:
                 self._cond.wait(0.01)
 
     def _in_runs(self) -> bool:
-        return any(lane.admitted and not lane.abandoned for lane in self._lanes)
+        """Runs marked and not over (or marked ahead, not begun)."""
+        return bool(self._ahead) or any(lane.admitted and not lane.abandoned for lane in self._lanes)
 
     def _running_calls(self) -> int:
         return sum(1 for lane in self._lanes if lane.current is not None and not lane.abandoned)
@@ -254,12 +288,13 @@ class Lanes:
             dropped = [work for work in self._rotation if work.slot == slot]
             if dropped:
                 self._rotation = deque(work for work in self._rotation if work.slot != slot)
+            dropped += self._let_go_ahead(lambda work: work.slot == slot)
         return dropped
 
     def waiting(self) -> int:
-        """Hints waiting in the rotation for a lane."""
+        """Hints waiting in the rotation for a lane (their next runs marked ahead or not)."""
         with self._cond:
-            return len(self._rotation)
+            return len(self._rotation) + len(self._ahead)
 
     def busy_lanes(self) -> int:
         """Lanes making a call now (calls given up on not counted)."""
@@ -279,7 +314,7 @@ class Lanes:
     def idle(self) -> bool:
         """No hint waiting and no call running (calls given up on aside)."""
         with self._cond:
-            return not self._rotation and not any(
+            return not self._rotation and not self._ahead and not any(
                 lane.work is not None and not lane.abandoned for lane in self._lanes
             )
 
@@ -290,28 +325,43 @@ class Lanes:
 
     # -- a lane -------------------------------------------------------------------------------------------
 
-    def _take(self, lane: _Lane) -> HintWork | None:
+    def _take(self, lane: _Lane) -> HintWork | _Ahead | None:
+        """The next hint for this lane: a run marked ahead first (unless a message is being called alone),
+        else the front of the rotation; None when the lane is to end."""
+        taken: HintWork | _Ahead
         with self._cond:
-            # Stuck calls hold every lane the replica may have: take no more work (health says so).
-            while not self._rotation or self._hung >= self.concurrency:
+            while True:
                 if self._stopping or lane.abandoned:
                     return None
+                # Stuck calls hold every lane the replica may have: take no more work (health says so).
+                if self._hung < self.concurrency:
+                    if self._ahead and self._alone is None:
+                        taken = self._ahead.popleft()
+                        lane.admitted = True  # its run is marked: it is past the gate
+                        lane.work = taken.work
+                        break
+                    if self._rotation:
+                        taken = lane.work = self._rotation.popleft()
+                        taken.running = True
+                        break
                 self._cond.wait(0.5)
-            if self._stopping or lane.abandoned:
-                return None
-            work = self._rotation.popleft()
-            work.running = True
-            lane.work = work
         self._on_taken()
-        return work
+        return taken
 
     def _serve_forever(self, lane: _Lane) -> None:
         while True:
-            work = self._take(lane)
-            if work is None:
+            taken = self._take(lane)
+            if taken is None:
                 return
+            work = taken.work if isinstance(taken, _Ahead) else taken
             try:
-                self._serve(lane, work)
+                if isinstance(taken, _Ahead):
+                    try:
+                        self._run_marked(lane, work, taken.run, taken.ticket)
+                    finally:
+                        self._leave(lane)
+                else:
+                    self._serve(lane, work)
             except Exception:  # a bug here must not take a lane away; the hint is let go
                 logger.exception("lane %s failed while calling hint %r", lane.number, work.hint)
                 work.pending.clear()
@@ -391,9 +441,7 @@ class Lanes:
             if wants_alone:
                 self._alone_waiting += 1
                 try:
-                    while not self._stopping and (self._alone is not None or any(
-                        other.admitted and not other.abandoned for other in self._lanes
-                    )):
+                    while not self._stopping and (self._alone is not None or self._in_runs()):
                         self._cond.wait(0.5)
                 finally:
                     self._alone_waiting -= 1
@@ -421,21 +469,58 @@ class Lanes:
                 self._cond.notify_all()
 
     def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> None:
-        first = run[0]
-        if self.leases.safe_for(work.slot) <= self._policy(first.name).handler_timeout.total_seconds():
+        if not self._lease_lasts(work, run[0]):
             self._give_back(work, "its slot's lease may end before the call could")
             return
-        asked = self._monotonic()
-        if self.committer.mark(work.slot, work.fence, [m.id for m in run], alone) is None:  # lease gone/stopping
+        self._run_marked(lane, work, run, self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone))
+
+    def _lease_lasts(self, work: HintWork, message: Message) -> bool:
+        return self.leases.safe_for(work.slot) > self._policy(message.name).handler_timeout.total_seconds()
+
+    def _run_marked(self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket) -> None:
+        """Make a run's calls once its mark is written (asked for by this lane, or ahead by another)."""
+        if ticket.wait() is None:  # lease gone, stopping, or the database not writable now
             self._give_back(work, "its slot's lease is gone")
             return
-        self._mark_seconds += 0.2 * ((self._monotonic() - asked) - self._mark_seconds)
+        self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
+        if not self._lease_lasts(work, run[0]):  # a run marked ahead waited for a lane meanwhile
+            self.committer.unmark(work.slot, [message.id for message in run])
+            self._give_back(work, "its slot's lease may end before the call could")
+            return
         if not work.started:
             work.started = self._monotonic()
+        self._mark_next()
         try:
             self._calls(lane, work, run)
         finally:
             self._hand_over(lane, work)
+
+    def _mark_next(self) -> None:
+        """While this lane calls, have the next run of the rotation's front marked, for whichever lane is free
+        first: with every lane calling, no lane then waits for a mark between two runs.
+
+        Not beside a message called alone (the gate is shut, or waits for the marked runs to end), and never
+        for a message to be called alone (it waits at the gate).
+        """
+        with self._cond:
+            if (
+                self._stopping or self._alone is not None or self._alone_waiting or not self._rotation
+                or len(self._ahead) >= self.concurrency or self._hung >= self.concurrency
+            ):
+                return
+            work = self._rotation[0]
+            if not work.pending or work.pending[0].redelivered:
+                return
+            self._rotation.popleft()
+            run = self._run_of(work)
+            if not run or run[0].redelivered:  # all expired (a lane lets it go), or for the gate after all
+                work.pending.extendleft(reversed(run))
+                self._rotation.appendleft(work)
+                return
+            work.running = True
+            ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
+            self._ahead.append(_Ahead(work, run, ticket))
+            self._cond.notify()
 
     def _calls(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
         """Make a run's calls in order; their outcomes collect on the lane until the run ends."""
@@ -598,7 +683,8 @@ class Lanes:
                 "replaces this one (%d call(s) stuck)", message.id, format_duration(policy.handler_timeout), self._hung,
                 extra=_fields(message),
             )
-        else:
+        else:  # runs marked ahead would stay marked for nothing: back to the rotation, unmarked
+            self._rotation.extendleft(reversed(self._let_go_ahead(lambda work: True)))
             logger.error(
                 "%d correlator calls are stuck past their timeout: this replica takes no more work; restart it",
                 self._hung,
