@@ -377,6 +377,6 @@ def test_a_replica_whose_every_lane_is_stuck_keeps_no_run_marked_ahead(store: St
     stop_at_teardown(lambda: engine.stop(grace=0))
     engine.start()
     assert wait_until(lambda: engine.health() is not None and engine.committer.written == 1)
-    assert len(started) == 1
+    assert len(started) == 1 and started[0] in (first, second)
     assert wait_until(lambda: in_flight_marks(store) == {}), "the other hint's run is not left marked"
     assert engine.lanes.waiting() == 1
