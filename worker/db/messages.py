@@ -860,8 +860,8 @@ class MessageStatements(StoreBase):
             found = connection.execute(_LOST_ROWS[self.dialect], {"ids": ids}).all()
             present = set(connection.execute(_EXISTING, {"ids": ids}).scalars().all())
             # A run's calls are made in order and leave the marks as their outcomes are written: its first call
-            # still there was the one under way (or made, its outcome not written yet); the rest may not have
-            # started.
+            # still there is taken for the one under way (it may have been made, its outcome not written yet, or,
+            # in a run marked ahead, not started); the rest may not have started.
             under_way = {next((i for i in run if i in present), None) for run in marks.runs} - abandoned_ids
             lost, crashed, poisoned = [], [], []
             for r in found:

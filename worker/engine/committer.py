@@ -60,7 +60,7 @@ class MarkTicket:
     """Calls waiting for their mark: :meth:`wait` gives the seconds left of the lease once it is written, or
     None when the calls must not start (their marks are withdrawn then)."""
 
-    committer: Committer | None
+    committer: Committer
     slot: int
     ids: Sequence[int]
     asked: float = 0.0
@@ -68,7 +68,7 @@ class MarkTicket:
     remaining: float | None = None
     seconds: float = 0.0  # how long the mark took to be written
 
-    def answer(self, remaining: float | None, now: float = 0.0) -> None:
+    def answer(self, remaining: float | None, now: float) -> None:
         self.remaining = remaining
         self.seconds = max(0.0, now - self.asked)
         self.done.set()
@@ -76,7 +76,7 @@ class MarkTicket:
     def wait(self) -> float | None:
         """Block until the mark is written (or refused)."""
         self.done.wait()
-        if self.remaining is None and self.committer is not None:
+        if self.remaining is None:
             self.committer.unmark(self.slot, self.ids)
         return self.remaining
 
@@ -181,7 +181,7 @@ class Committer:
             return ticket
         with self._cond:
             if self._stopping:
-                ticket.answer(None)
+                ticket.answer(None, ticket.asked)
                 return ticket
             self._slot(slot, fence).add(next(self._tokens), ids, alone)
             self._requests.append(ticket)

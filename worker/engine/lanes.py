@@ -356,10 +356,7 @@ class Lanes:
             work = taken.work if isinstance(taken, _Ahead) else taken
             try:
                 if isinstance(taken, _Ahead):
-                    try:
-                        self._run_marked(lane, work, taken.run, taken.ticket)
-                    finally:
-                        self._leave(lane)
+                    self._serve_ahead(lane, taken)
                 else:
                     self._serve(lane, work)
             except Exception:  # a bug here must not take a lane away; the hint is let go
@@ -421,6 +418,13 @@ class Lanes:
             self._serve_run(lane, work, run, alone)
             if wants_alone:
                 self._await_recorded(lane, work)
+        finally:
+            self._leave(lane)
+
+    def _serve_ahead(self, lane: _Lane, ahead: _Ahead) -> None:
+        """A run marked ahead: its lane is past the gate already."""
+        try:
+            self._run_marked(lane, ahead.work, ahead.run, ahead.ticket)
         finally:
             self._leave(lane)
 
