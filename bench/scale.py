@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drain import LOCAL_SERVER, URL_ENV, bench_database
 
 from worker.config import DatabaseSettings, Mode
-from worker.db.messages import Candidates, HorizonReading, _batches_statement
+from worker.db.fetch import Candidates, HorizonReading, _batches_statement
 from worker.db.store import Store, build_engine, normalise_url
 
 SHAPES = {

@@ -18,8 +18,18 @@ def statements(revision: str, dialect: str) -> list[str]:
     return split("\n".join(lines))
 
 
+# A trigger's body (``CREATE TRIGGER … BEGIN …; END``): its semicolons end the trigger only after ``END``.
+_TRIGGER = re.compile(r"^\s*CREATE\s+TRIGGER\b", re.IGNORECASE)
+_TRIGGER_END = re.compile(r"\bEND\s*$", re.IGNORECASE)
+
+
+def _inside_trigger(statement: str) -> bool:
+    return bool(_TRIGGER.match(statement)) and not _TRIGGER_END.search(statement)
+
+
 def split(text: str) -> list[str]:
-    """Split SQL text on the semicolons that end statements (not those inside ``$$`` function bodies)."""
+    """Split SQL text on the semicolons that end statements (not those inside ``$$`` function bodies or a
+    trigger's ``BEGIN … END``)."""
     result: list[str] = []
     start = position = 0
     while position < len(text):
@@ -30,7 +40,7 @@ def split(text: str) -> list[str]:
                 raise ValueError(f"unterminated dollar quote {quote.group(0)} in DDL")
             position = end + len(quote.group(0))
             continue
-        if text[position] == ";":
+        if text[position] == ";" and not _inside_trigger(text[start:position]):
             result.append(text[start:position].strip())
             start = position + 1
         position += 1

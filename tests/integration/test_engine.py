@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from tests.conftest import stop_at_teardown
 from worker.config import Settings
 from worker.correlators import Router
+from worker.db.base import Fence
 from worker.db.store import MessageFilter, NewMessage, Store
 from worker.engine.engine import AllSlots, Engine
 from worker.message import Message, MessageState
@@ -474,7 +475,7 @@ def test_a_message_that_expires_while_waiting_behind_a_slow_call_of_its_hint_is_
 
 def test_batch_size_one_on_a_long_hint_reads_one_message_per_fetch(store: Store) -> None:
     from worker.config import Mode
-    from worker.db.messages import _batches_statement
+    from worker.db.fetch import _batches_statement
 
     sql(store, "INSERT INTO correlation_message (message_name, correlation_hint) "
                "SELECT 'n', 'long' FROM generate_series(1, 50000)")
@@ -538,7 +539,7 @@ class ShortLeases(AllSlots):
         super().__init__(slot_count)
         self.short = short
 
-    def safe_for(self, slot: int) -> float:
+    def safe_for(self, slot: int, fence: Fence | None = None) -> float:
         return 0.1 if slot == self.short else float("inf")
 
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from worker.db.messages import FlushOutcome, SlotWrite
+from worker.db.calls import FlushOutcome, SlotWrite
 from worker.db.store import Fence, InvalidLockName, LockRow, NewMessage, Store
 from worker.policy.outcomes import Disposition, Kind
 

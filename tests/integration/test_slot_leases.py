@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from worker.db.messages import SlotWrite
+from worker.db.calls import SlotWrite
 from worker.db.store import LeaseLost, NewMessage, Store
 from worker.engine.leases import MEMBER_PREFIX, SlotLeaseConfig, SlotLeaser, member_lock_name, slot_lock_name
 from worker.policy.outcomes import Disposition, Kind

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from worker.config import Mode
-from worker.db.messages import FlushOutcome, SlotWrite
+from worker.db.calls import FlushOutcome, SlotWrite
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store
 from worker.message import Message, MessageState
 from worker.policy.batching import eligible
@@ -284,7 +284,7 @@ def _touched(nodes: list[dict[str, Any]]) -> float:
 def test_a_fetch_costs_what_it_returns_not_the_held_back_rows(store: Store, mode: Mode, generic: bool) -> None:
     """60 000 dead, paused and waiting rows each on a hint of its own, and 60 000 fresh messages queued behind
     one dead head, one waiting retry and one paused message: a fetch of a slot still touches few rows."""
-    from worker.db.messages import _batches_statement, _candidates_sql
+    from worker.db.fetch import _batches_statement, _candidates_sql
 
     with store.engine.begin() as connection:
         for state, delay in (("dead", None), ("paused", None), ("ready", "1 hour")):
@@ -338,7 +338,7 @@ def test_a_hint_holding_most_of_the_table_does_not_make_the_other_hints_batches_
 ) -> None:
     """100 000 messages behind one dead head, and a few live hints in the same slot: ANALYZE then sees a table of
     few hints, yet reading the live hints' batches must not walk the big hint's rows."""
-    from worker.db.messages import _batches_statement
+    from worker.db.fetch import _batches_statement
 
     slot = _slot(store, "big")
     live = [hint for hint in (f"live-{n}" for n in range(3000)) if _slot(store, hint) == slot][:8]

@@ -13,7 +13,7 @@ from typing import Any
 
 from worker.admin.auth import Caller
 from worker.admin.errors import BadRequest, Conflict, Forbidden, NotFound
-from worker.db.messages import Pause
+from worker.db.fetch import Pause
 from worker.db.store import Store
 from worker.policy.holdback import PauseInfo
 

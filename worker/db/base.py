@@ -1,7 +1,8 @@
 """The store's plumbing: connections, transactions, the database clock, and driver errors translated.
 
 Every statement correlation-worker runs is in the ``worker.db`` package: :mod:`worker.db.messages` (the
-message table, for producers, the engine and operators), :mod:`worker.db.locks` (leases and named locks) and
+message table, for producers and operators), :mod:`worker.db.fetch` and :mod:`worker.db.calls` (the engine's
+reads, and its calls in flight with their outcomes), :mod:`worker.db.locks` (leases and named locks) and
 the tables that follow; :class:`worker.db.store.Store` puts them together. They return the project's own
 frozen values, never driver rows.
 
@@ -41,6 +42,7 @@ T = TypeVar("T")
 _PRIVILEGES = (
     *(("correlation_message", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
     *(("correlation_lock", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    *(("correlation_call", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
     ("correlation_pause", "SELECT"),
     *(("correlation_schedule", p) for p in ("SELECT", "UPDATE")),
 )

@@ -34,7 +34,9 @@ from sqlalchemy.sql import ColumnElement
 
 from worker.config import Mode
 from worker.db.base import MessageFilter
-from worker.db.messages import MessageStatements, Pause, message_of_row
+from worker.db.fetch import FetchStatements, Pause
+from worker.db.messages import MessageStatements
+from worker.db.rows import message_of_row
 from worker.db.schema import (
     NOTIFY_CHANNEL,
     PAUSES_CHANGED,
@@ -190,7 +192,7 @@ def _audit(row: Any) -> AuditEntry:
     return AuditEntry(row.id, row.at, row.actor, row.via, row.action, row.target, row.affected, row.error)
 
 
-class ConsoleStatements(MessageStatements):
+class ConsoleStatements(MessageStatements, FetchStatements):
     """The console's statements (see the module's docstring for how each stays O(page))."""
 
     # -- reading messages ---------------------------------------------------------------------------------------

@@ -126,19 +126,6 @@ class LockStatements(StoreBase):
         if row is None or row.locked_by != fence.holder or row.fence != fence.fence or not row.held:
             raise LeaseLost(f"lease {fence.name} is no longer held by {fence.holder} (fence {fence.fence})")
 
-    def locks_in_flight(self, names: Sequence[str]) -> dict[str, str]:
-        """The in-flight marks (JSON) left on these lock rows by their holders."""
-        if not names:
-            return {}
-        rows = self._run(lambda c: c.execute(_READ_IN_FLIGHT, {"names": list(names)}).all())
-        return {row.name: row.in_flight for row in rows if row.in_flight}
-
-
-# The in-flight marks of some lock rows.
-_READ_IN_FLIGHT = text(
-    "SELECT name, in_flight FROM correlation_lock WHERE name IN :names AND in_flight IS NOT NULL"
-).bindparams(bindparam("names", expanding=True))
-
 
 # -- lock statements ------------------------------------------------------------------------------------
 # A term is decided by the database clock inside the statement that grants, renews, checks or ends it, never
@@ -197,7 +184,7 @@ def _build_lock_statements(dialect: str) -> _LockStatements:
             VALUES (:name, {until}, {now}, :holder, 1)
             ON CONFLICT (name) DO UPDATE
                SET lock_until = excluded.lock_until, locked_at = excluded.locked_at,
-                   locked_by = excluded.locked_by, fence = correlation_lock.fence + 1, in_flight_version = 0
+                   locked_by = excluded.locked_by, fence = correlation_lock.fence + 1
              WHERE correlation_lock.lock_until <= {now}
             RETURNING fence
             """
@@ -220,8 +207,7 @@ def _build_lock_statements(dialect: str) -> _LockStatements:
                  {skip_locked}
             )
             UPDATE correlation_lock
-               SET lock_until = {until}, locked_at = {now}, locked_by = :holder, fence = fence + 1,
-                   in_flight_version = 0
+               SET lock_until = {until}, locked_at = {now}, locked_by = :holder, fence = fence + 1
              WHERE name IN (SELECT name FROM free)
             RETURNING name, fence
             """

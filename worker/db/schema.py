@@ -173,7 +173,18 @@ lock_table = Table(
     Column("locked_at", UtcDateTime, nullable=False),
     Column("locked_by", String(255), nullable=False),
     Column("fence", BigInteger, nullable=False),
-    Column("in_flight", Text),  # JSON array of message ids handed out under this term, not recorded yet
+)
+
+call_table = Table(
+    "correlation_call",
+    metadata,
+    Column("message_id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("slot", Integer, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("run_head", BigInteger, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("marked_at", UtcDateTime, nullable=False),
 )
 
 

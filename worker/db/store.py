@@ -1,11 +1,13 @@
 """The one seam to the database: :class:`Store` puts every table's statements together.
 
 Methods read noun-then-verb (``messages_fetch_batches``, ``lock_try_acquire``) and return the project's own
-frozen values, never driver rows. The statements live by table: :mod:`worker.db.messages` (messages and
-durable pauses), :mod:`worker.db.locks` (leases and named locks), :mod:`worker.db.schedules` (schedules and
-the scheduler's switch) and :mod:`worker.db.console` (the console's paged reads, bounded counts, bulk actions,
-pauses and audit); the plumbing, the clock and the
-translation of driver errors are in :mod:`worker.db.base` and :mod:`worker.db.errors`.
+frozen values, never driver rows. The statements live by concern: :mod:`worker.db.messages` (messages, for
+producers and operators), :mod:`worker.db.fetch` (the engine's reads of a slot's work and the durable pauses),
+:mod:`worker.db.calls` (calls in flight and their outcomes), :mod:`worker.db.locks` (leases and named locks),
+:mod:`worker.db.schedules` (schedules and the scheduler's switch) and :mod:`worker.db.console` (the console's
+paged reads, bounded counts, bulk actions, pauses and audit); rows become messages in :mod:`worker.db.rows`; the
+plumbing, the clock and the translation of driver errors are in :mod:`worker.db.base` and
+:mod:`worker.db.errors`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 from worker.config import DatabaseSettings
 from worker.db.base import Fence, LockRow, MessageFilter, NewMessage, StateCounts, build_engine, normalise_url
+from worker.db.calls import CallStatements
 from worker.db.console import ConsoleStatements
 from worker.db.errors import (
     AuthenticationFailed,
@@ -28,13 +31,14 @@ from worker.db.errors import (
     StoreError,
     ValueRefused,
 )
+from worker.db.fetch import FetchStatements
 from worker.db.locks import HOLDER_MAX_LENGTH, LockStatements
 from worker.db.messages import MessageStatements
 from worker.db.schedules import ScheduleStatements
 from worker.db.schema import SLOT_COUNT
 
 
-class Store(ConsoleStatements, MessageStatements, LockStatements, ScheduleStatements):
+class Store(ConsoleStatements, MessageStatements, FetchStatements, CallStatements, LockStatements, ScheduleStatements):
     """Every statement correlation-worker runs, on one engine."""
 
     def __init__(self, engine: Engine) -> None:

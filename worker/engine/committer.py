@@ -1,32 +1,34 @@
-"""The committer: writes the outcomes of correlator calls and the in-flight marks, in group commits.
+"""The committer: marks correlator calls in flight, and writes their outcomes, in group commits.
+
+*Marks*: before a lane calls messages, each call is written as a row of ``correlation_call`` under its slot
+lease's term (:mod:`worker.db.calls`), so that whoever takes the slot over after this replica died knows which
+calls were under way (DESIGN.md §3 "Poison messages", §4 invariant 2). Calls wait for their marks (a lane may ask
+for its next run's marks ahead, while it still calls: :meth:`Committer.mark_ahead`); the *marker* writes the
+marks of many lanes in one statement committed without waiting for the disk, on a thread and connection of its
+own, so that no lane waits behind a durable flush of outcomes. A mark is written only while its term runs, and
+only for a message still ready and not in flight elsewhere: a lane calls the messages marked, in order, and no
+other.
 
 *Outcomes* of calls (a disposition per message, a run's worth at a time): the lane hands them over and moves
 on at once; the committer writes them within a few milliseconds, many lanes' together, in one durable
-transaction per flush, fenced by the slots' leases.
+transaction per flush. Each outcome is written only if its call is still marked under its term (the row is
+the call's identity: a successor that counted the call lost has taken the row, and then nothing is written),
+and its mark leaves with it. Calls a lane marked and did not make are unmarked in the same flush, calls given
+up on at shutdown are marked abandoned::
 
-*Marks*: before a lane calls messages, they are marked on its slot's lease row (``in_flight``), so that
-whoever takes the slot over after this replica died knows which calls were under way (DESIGN.md §3 "Poison
-messages", §4 invariant 2). Calls wait for their marks (a lane may ask for its next run's mark ahead, while it
-still calls: :meth:`Committer.mark_ahead`); the *marker* writes the marks of many lanes in one
-fenced statement committed without waiting for the disk, on a thread and connection of its own, so that no
-lane waits behind a durable flush of outcomes. The marks of a slot are kept here, in memory, and every write
-of them (the marker's, or the recorder's flush removing the calls whose outcomes it records) carries the
-whole current state with a version: the database keeps the newest, so writes racing each other never lose a
-mark::
+    lane:      mark run {m1, m2} ── call m1 ── call m2 ── hand over (m1, m2) ── mark next run ...
+    marker:    write rows m1, m2 ┘
+    recorder:                                              flush: outcomes of m1, m2, their rows gone
 
-    lane:      mark {m1} ── call m1 ── outcome(m1) ─► mark {m1?, m2} ── call m2 ...
-    marker:    write v5 ┘                           write v7 (without m1 if v6 ran first) ┘
-    recorder:                          flush v6: fence, outcome m1, marks without m1
-
-Outcomes are written without waiting on rows other sessions hold: such a row's outcome is *deferred* and
-written at a later flush, so one locked row delays one hint. A value the database refuses makes that one
-message dead with the reason (the store writes the others). A transient error (the database gone, a lock or
-statement timeout) is retried with a backoff: nothing is lost, nothing is called twice because of it.
+Outcomes are written without waiting on rows other sessions hold: such a row's outcome is *deferred* (its
+call marked ``returned``) and written at a later flush, so one locked row delays one hint. A value the
+database refuses makes that one message dead with the reason (the store writes the others). A transient error
+(the database gone, a lock or statement timeout) is retried with a backoff: nothing is lost, nothing is called
+twice because of it.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -34,8 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from worker.db.base import Fence
+from worker.db.calls import CallMark, FlushOutcome, MarkRequest, SlotWrite
 from worker.db.errors import StoreError
-from worker.db.messages import FlushOutcome, InFlight, SlotWrite
 from worker.db.store import Store
 from worker.message import Message
 from worker.policy.outcomes import Disposition
@@ -51,94 +53,70 @@ STOP_WRITE_WAIT = 5.0  # seconds a stopping replica keeps trying to write its la
 DEFERRED_FIRST, DEFERRED_MAX = 0.1, 5.0  # how soon a deferred outcome (row locked elsewhere) is tried again
 
 # How an outcome ended: written; gone (its row was deleted meanwhile); failed (the database refused it, the
-# message was made dead if it could be); fenced (the slot's lease was lost: the new holder decides).
+# message was made dead if it could be); fenced (its call was taken over: the slot's new holder decides);
+# unmarked (a call not made, its mark withdrawn).
 Recorded = Callable[[Sequence[tuple[Message, str]]], None]
 
 
 @dataclass(eq=False)
 class MarkTicket:
-    """Calls waiting for their mark: :meth:`wait` gives the seconds left of the lease once it is written, or
-    None when the calls must not start (their marks are withdrawn then)."""
+    """Calls waiting for their marks: :meth:`wait` gives the seconds left of the lease once they are written,
+    or None when no call may start (the term ended, the replica stops, or the database cannot be written);
+    :attr:`marked` then says which calls were marked (the others must not be made)."""
 
-    committer: Committer
+    committer: Committer | None
     slot: int
-    ids: Sequence[int]
+    fence: Fence | None
+    calls: Sequence[CallMark]
     asked: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     remaining: float | None = None
-    seconds: float = 0.0  # how long the mark took to be written
+    marked: frozenset[int] = frozenset()
+    seconds: float = 0.0  # how long the marks took to be written
+    withdrawn: bool = False
 
-    def answer(self, remaining: float | None, now: float) -> None:
+    def answer(self, remaining: float | None, marked: frozenset[int], now: float) -> None:
         self.remaining = remaining
+        self.marked = marked if remaining is not None else frozenset()
         self.seconds = max(0.0, now - self.asked)
         self.done.set()
 
     def wait(self) -> float | None:
-        """Block until the mark is written (or refused)."""
+        """Block until the marks are written (or refused)."""
         self.done.wait()
-        if self.remaining is None:
-            self.committer.unmark(self.slot, self.ids)
         return self.remaining
+
+    def ids(self) -> list[int]:
+        """The messages the calls are for, in call order."""
+        return [call.message_id for call in self.calls]
 
 
 @dataclass(eq=False)
 class Outcomes:
-    """A run's outcomes waiting to be written; ``on_recorded`` hears how each ended, once."""
+    """A run's outcomes (and the calls of it not made) waiting to be written; ``on_recorded`` hears how each
+    ended, once; ``handled`` is set once a flush wrote or deferred them (their calls are no longer under way)."""
 
     slot: int
     fence: Fence | None
     items: list[tuple[Message, Disposition]]
     on_recorded: Recorded
+    unmark: list[Message] = field(default_factory=list)
+    abandon: list[Message] = field(default_factory=list)
     queued_at: float = 0.0
     retry_at: float = 0.0
     delay: float = DEFERRED_FIRST
-
-
-@dataclass(slots=True)
-class _SlotMarks:
-    fence: Fence | None
-    runs: dict[int, list[int]] = field(default_factory=dict)  # token → ids not yet recorded, in call order
-    token_of: dict[int, int] = field(default_factory=dict)  # message id → its run's token
-    abandoned: list[int] = field(default_factory=list)
-    leaving: set[int] = field(default_factory=set)  # ids whose outcomes a flush is writing now
-    alone: set[int] = field(default_factory=set)  # ids called with no other call running in the replica
-    version: int = 0  # of the last state handed out for writing
-
-    def add(self, token: int, ids: Sequence[int], alone: bool) -> None:
-        self.runs[token] = list(ids)
-        for message_id in ids:
-            self.token_of[message_id] = token
-        if alone:
-            self.alone.update(ids)
-
-    def state(self) -> tuple[str | None, int]:
-        """The marks to write (without the calls being recorded) and their new version."""
-        gone = self.leaving
-        runs = tuple(tuple(i for i in ids if i not in gone) for ids in self.runs.values())
-        self.version += 1
-        abandoned = tuple(i for i in self.abandoned if i not in gone)
-        return InFlight(runs, abandoned, tuple(self.alone - gone)).to_json(), self.version
-
-    def forget(self, message_id: int) -> None:
-        self.alone.discard(message_id)
-        token = self.token_of.pop(message_id, None)
-        if token is not None:
-            ids = self.runs[token]
-            ids.remove(message_id)
-            if not ids:
-                del self.runs[token]
-        if message_id in self.abandoned:
-            self.abandoned.remove(message_id)
+    handled: threading.Event = field(default_factory=threading.Event)
 
 
 class Committer:
-    """Group commits of outcomes and marks for one replica; run :meth:`run` on a thread of its own."""
+    """Marks and group commits of outcomes for one replica; run :meth:`run` and :meth:`run_marks` on threads of
+    their own."""
 
     def __init__(
         self,
         store: Store,
         metrics: Metrics,
-        on_lease_lost: Callable[[int], None] = lambda slot: None,
+        on_lease_lost: Callable[[int, Fence], None] = lambda slot, fence: None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -149,10 +127,9 @@ class Committer:
         self._queued: list[Outcomes] = []
         self._deferred: list[Outcomes] = []
         self._requests: list[MarkTicket] = []
-        self._marks: dict[int, _SlotMarks] = {}
-        self._dirty: set[int] = set()  # slots whose marks changed since the last flush
-        self._dirty_since = 0.0
-        self._tokens = itertools.count(1)
+        self._unmarks: dict[tuple[int, Fence], list[int]] = {}  # withdrawn marks, written at the next flush
+        self._unmarks_since = 0.0
+        self._in_flight: dict[int, Fence] = {}  # calls marked by this replica and not settled, by message id
         self._stopping = False
         self._flushing = False
         self._backoff = RETRY_FIRST
@@ -163,37 +140,46 @@ class Committer:
     # -- what lanes call -----------------------------------------------------------------------------------
 
     def mark(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> float | None:
-        """Mark these calls in flight on the slot's lease row before they start; blocks until written.
-
-        ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs).
-
-        Returns the seconds left of the lease, or None when the calls must not start: the lease is gone, the
-        replica stops, or the database cannot be written now (the hint is left for later).
-        """
+        """Mark these calls in flight before they start; blocks until written (see :meth:`mark_ahead`)."""
         return self.mark_ahead(slot, fence, ids, alone).wait()
 
     def mark_ahead(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> MarkTicket:
-        """Ask for the calls' mark and return at once: the calls start after the ticket's :meth:`~MarkTicket.wait`
-        (so that a lane can have its next run marked while it still makes the calls of this one)."""
-        ticket = MarkTicket(self, slot, ids, self._monotonic())
+        """Ask for the calls' marks (one run of a hint, in call order) and return at once: the calls start after
+        the ticket's :meth:`~MarkTicket.wait` (so that a lane can have its next run marked while it still makes
+        the calls of this one).
+
+        ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs).
+        """
+        head = ids[0] if ids else 0
+        calls = [CallMark(message_id, head, alone) for message_id in ids]
+        ticket = MarkTicket(self, slot, fence, calls, self._monotonic())
         if fence is None:  # no lease, nothing to tell a successor: the calls may start at once
-            ticket.answer(float("inf"), ticket.asked)
+            ticket.answer(float("inf"), frozenset(ids), ticket.asked)
             return ticket
         with self._cond:
             if self._stopping:
-                ticket.answer(None, ticket.asked)
+                ticket.answer(None, frozenset(), ticket.asked)
                 return ticket
-            self._slot(slot, fence).add(next(self._tokens), ids, alone)
             self._requests.append(ticket)
             self._cond.notify_all()
         return ticket
 
-    def run_marks(self) -> None:
-        """Write the marks lanes wait for, many at once, until stopped (run it on a thread of its own).
+    def withdraw(self, ticket: MarkTicket) -> None:
+        """The calls of a ticket will not be made by this term (the replica stops, or the slot is gone): their
+        marks are taken back once written, so that a successor does not count them."""
+        if ticket.fence is None:
+            return
+        with self._cond:
+            if ticket in self._requests:
+                self._requests.remove(ticket)
+                ticket.answer(None, frozenset(), self._monotonic())
+                return
+            ticket.withdrawn = True
+            if ticket.done.is_set():
+                self._unmark_locked(ticket.slot, ticket.fence, ticket.marked)
 
-        A write is one fenced statement committed without waiting for the disk, on a connection of its own,
-        so that lanes never wait behind a durable flush of outcomes.
-        """
+    def run_marks(self) -> None:
+        """Write the marks lanes wait for, many at once, until stopped (run it on a thread of its own)."""
         while True:
             with self._cond:
                 while not self._requests and not self._stopping:
@@ -201,52 +187,60 @@ class Committer:
                 requests, self._requests = self._requests, []
                 if self._stopping:
                     for request in requests:
-                        request.answer(None, self._monotonic())
+                        request.answer(None, frozenset(), self._monotonic())
                     return
-                writes = []
-                for slot in sorted({request.slot for request in requests}):
-                    marks = self._marks.get(slot)
-                    if marks is not None:
-                        text, version = marks.state()
-                        writes.append(SlotWrite(slot, marks.fence, (), text, version))
+                for request in requests:  # this replica's own from now on: an adoption leaves them alone
+                    for message_id in request.ids():
+                        if request.fence is not None:
+                            self._in_flight[message_id] = request.fence
+            writes = [MarkRequest(r.slot, r.fence, tuple(r.calls)) for r in requests if r.fence is not None]
             try:
-                result = self.store.leases_mark(writes)
+                result = self.store.calls_mark(writes)
             except Exception as error:  # the calls are not made: their hints are left for later
-                self.metrics.database_error(error)
+                self.metrics.database_error(error if isinstance(error, StoreError) else None)
                 logger.warning("marking calls in flight failed; their hints are left for later: %s", error)
                 now = self._monotonic()
-                for request in requests:
-                    request.answer(None, now)
+                with self._cond:
+                    for request in requests:
+                        self._forget(request.fence, request.ids())
+                        request.answer(None, frozenset(), now)
                 continue
-            for slot in sorted(result.lost):
-                self._lease_lost(slot)
             now = self._monotonic()
-            for request in requests:
-                request.answer(None if request.slot in result.lost else result.remaining.get(request.slot), now)
+            lost: set[tuple[int, Fence]] = set()
+            with self._cond:
+                for request in requests:
+                    assert request.fence is not None
+                    remaining = result.remaining.get(request.fence)
+                    marked = frozenset(i for i in request.ids() if i in result.marked)
+                    if remaining is None:
+                        lost.add((request.slot, request.fence))
+                        marked = frozenset()
+                    self._forget(request.fence, [i for i in request.ids() if i not in marked])
+                    request.answer(remaining, marked, now)
+                    if request.withdrawn:
+                        self._unmark_locked(request.slot, request.fence, request.marked)
+            for slot, fence in sorted(lost, key=lambda term: term[0]):
+                self._on_lease_lost(slot, fence)
 
-    def unmark(self, slot: int, ids: Sequence[int]) -> None:
-        """These marked calls will not be made after all (the batch stopped early)."""
+    def _unmark_locked(self, slot: int, fence: Fence, ids: Sequence[int] | frozenset[int]) -> None:
         if not ids:
             return
-        with self._cond:
-            marks = self._marks.get(slot)
-            if marks is None:
-                return
-            for message_id in ids:
-                marks.forget(message_id)
-            self._touch(slot)
-            self._cond.notify_all()
+        if not self._unmarks:
+            self._unmarks_since = self._monotonic()
+        self._unmarks.setdefault((slot, fence), []).extend(ids)
+        self._cond.notify_all()
 
-    def abandon(self, slot: int, message_id: int) -> None:
-        """A call given up at shutdown: its successor delivers the message again without blaming it."""
+    def _forget(self, fence: Fence | None, ids: Sequence[int]) -> None:
+        if fence is None:
+            return
+        for message_id in ids:
+            if self._in_flight.get(message_id) == fence:
+                del self._in_flight[message_id]
+
+    def in_flight(self) -> set[int]:
+        """Calls this replica marked and has not settled (their marks are its own business, whatever the term)."""
         with self._cond:
-            marks = self._marks.get(slot)
-            if marks is None:
-                return
-            marks.forget(message_id)
-            marks.abandoned.append(message_id)
-            self._touch(slot)
-            self._cond.notify_all()
+            return set(self._in_flight)
 
     def record(self, outcomes: Outcomes) -> None:
         """Queue a run's outcomes; they are written within a few milliseconds."""
@@ -255,27 +249,10 @@ class Committer:
             self._queued.append(outcomes)
             self._cond.notify_all()
 
-    def forget_slot(self, slot: int) -> None:
-        """The slot is no longer held: drop its marks (its outcomes are fenced off when flushed)."""
-        with self._cond:
-            self._marks.pop(slot, None)
-            self._dirty.discard(slot)
-
     def idle(self) -> bool:
         """True when nothing waits to be written except deferred outcomes (rows locked elsewhere)."""
         with self._cond:
-            return not (self._queued or self._dirty or self._flushing)
-
-    def _touch(self, slot: int) -> None:
-        if not self._dirty:
-            self._dirty_since = self._monotonic()
-        self._dirty.add(slot)
-
-    def _slot(self, slot: int, fence: Fence | None) -> _SlotMarks:
-        marks = self._marks.get(slot)
-        if marks is None or marks.fence != fence:
-            marks = self._marks[slot] = _SlotMarks(fence)
-        return marks
+            return not (self._queued or self._unmarks or self._flushing)
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -292,7 +269,7 @@ class Committer:
         while True:
             with self._cond:
                 while not self._due():
-                    if self._stopping and not (self._queued or self._dirty):
+                    if self._stopping and not (self._queued or self._unmarks):
                         return
                     self._cond.wait(self._wait_time())
                 if self._stopping and self._monotonic() > self._stop_by:
@@ -308,7 +285,7 @@ class Committer:
         now = self._monotonic()
         if self._queued and (self._stopping or now - self._queued[0].queued_at >= GROUP_WINDOW):
             return True
-        if self._dirty and (self._stopping or now - self._dirty_since >= MARKS_WINDOW):
+        if self._unmarks and (self._stopping or now - self._unmarks_since >= MARKS_WINDOW):
             return True
         return not self._stopping and any(outcomes.retry_at <= now for outcomes in self._deferred)
 
@@ -317,41 +294,39 @@ class Committer:
         times = [1.0]
         if self._queued:
             times.append(self._queued[0].queued_at + GROUP_WINDOW - now)
-        if self._dirty:
-            times.append(self._dirty_since + MARKS_WINDOW - now)
+        if self._unmarks:
+            times.append(self._unmarks_since + MARKS_WINDOW - now)
         times += [outcomes.retry_at - now for outcomes in self._deferred]
         return max(0.0005, min(times))
 
     def flush_once(self) -> FlushOutcome | None:
-        """Write everything queued (and deferred outcomes now due), with the marks it changes, durably."""
+        """Write everything queued (and deferred outcomes now due), with the marks withdrawn, durably."""
         with self._cond:
             now = self._monotonic()
             taken, self._queued = self._take_queued()
             retry = [o for o in self._deferred if o.retry_at <= now]
             self._deferred = [o for o in self._deferred if o.retry_at > now]
             batches = retry + taken
-            dirty, self._dirty = self._dirty, set()
-            # Outcomes of an earlier term of their slot (lost, then taken again) are fenced off.
-            stale = [o for o in batches if o.slot in self._marks and self._marks[o.slot].fence != o.fence]
-            batches = [o for o in batches if o not in stale]
-            writes = self._writes(batches, dirty)
+            unmarks, self._unmarks = self._unmarks, {}
+            writes = _writes(batches, unmarks)
             self._flushing = True
-        for outcomes in stale:
-            outcomes.on_recorded([(message, "fenced") for message, _ in outcomes.items])
         try:
             result = self.store.messages_record(writes)
         except StoreError as error:  # unavailable, busy, access denied...: one line each time
-            self._failed(error, batches, dirty)
+            self._failed(error, batches, unmarks)
             return None
         except Exception:
             logger.exception("recording outcomes failed; trying again")
-            self._failed(None, batches, dirty)
+            self._failed(None, batches, unmarks)
             return None
         finally:
             with self._cond:
                 self._flushing = False
         self._backoff = RETRY_FIRST
         self.flushes += 1
+        with self._cond:
+            for (_, fence), ids in unmarks.items():
+                self._forget(fence, ids)
         self._settle(result, batches)
         return result
 
@@ -364,83 +339,37 @@ class Committer:
             taken += 1
         return self._queued[:taken], self._queued[taken:]
 
-    def _writes(self, batches: list[Outcomes], dirty: set[int]) -> list[SlotWrite]:
-        """Under the lock: what each touched slot gets, its outcomes and its marks without the calls they
-        record (those are *leaving* until the flush ends, so that lanes' marks meanwhile leave them out too)."""
-        by_slot: dict[int, list[Disposition]] = {}
-        leaving: dict[int, set[int]] = {}
-        fences: dict[int, Fence | None] = {}
-        for outcomes in batches:
-            by_slot.setdefault(outcomes.slot, []).extend(disposition for _, disposition in outcomes.items)
-            leaving.setdefault(outcomes.slot, set()).update(message.id for message, _ in outcomes.items)
-            fences.setdefault(outcomes.slot, outcomes.fence)
-        writes = []
-        for slot in sorted(set(by_slot) | dirty):
-            marks = self._marks.get(slot)
-            if marks is None:
-                writes.append(SlotWrite(slot, fences.get(slot), tuple(by_slot.get(slot, ()))))
-                continue
-            marks.leaving |= leaving.get(slot, set())
-            text, version = marks.state()
-            writes.append(SlotWrite(slot, marks.fence, tuple(by_slot.get(slot, ())), text, version))
-        return writes
-
-    def _failed(self, error: Exception | None, batches: list[Outcomes], dirty: set[int]) -> None:
+    def _failed(
+        self, error: Exception | None, batches: list[Outcomes], unmarks: dict[tuple[int, Fence], list[int]]
+    ) -> None:
         self.metrics.database_error(error)
         self.metrics.record_failures.inc()
         if error is not None:
             logger.warning("recording outcomes failed, trying again in %.2fs: %s", self._backoff, error)
         with self._cond:
             self._queued = batches + self._queued
-            for outcomes in batches:  # not recorded after all: back in the marks a lane writes next
-                marks = self._marks.get(outcomes.slot)
-                if marks is not None:
-                    marks.leaving.difference_update(message.id for message, _ in outcomes.items)
-                self._touch(outcomes.slot)
-            self._dirty |= dirty
+            for term, ids in unmarks.items():
+                self._unmarks.setdefault(term, []).extend(ids)
+            if unmarks and len(self._unmarks) == len(unmarks):
+                self._unmarks_since = self._monotonic()
             delay = self._backoff
             self._backoff = min(RETRY_MAX, self._backoff * 2)
             self._cond.wait(delay)
 
     def _settle(self, result: FlushOutcome, batches: list[Outcomes]) -> None:
         now = self._monotonic()
-        with self._cond:
-            for slot in result.lost:
-                self._marks.pop(slot, None)
-                self._dirty.discard(slot)
-            for outcomes in batches:
-                marks = self._marks.get(outcomes.slot)
-                if outcomes.slot in result.lost or marks is None:
-                    continue
-                for message, _ in outcomes.items:
-                    marks.leaving.discard(message.id)
-                    if message.id in result.deferred:
-                        self._touch(outcomes.slot)  # written as gone from the marks: put it back next flush
-                    else:
-                        marks.forget(message.id)
-        for slot in sorted(result.lost):
-            self.metrics.fenced_commits.inc()
-            logger.warning(
-                "slot %s: lease lost; its outcomes were not written (its new holder decides)", slot,
-                extra={"slot": slot},
-            )
-            self._on_lease_lost(slot)
-        self._settle_outcomes(result, batches, now)
-
-    def _lease_lost(self, slot: int) -> None:
-        with self._cond:
-            self._marks.pop(slot, None)
-            self._dirty.discard(slot)
-        self._on_lease_lost(slot)
-
-    def _settle_outcomes(self, result: FlushOutcome, batches: list[Outcomes], now: float) -> None:
         deferred: list[Outcomes] = []
+        lost: set[tuple[int, Fence]] = set()
         for outcomes in batches:
-            ended: list[tuple[Message, str]] = []
+            ended: list[tuple[Message, str]] = [(message, "unmarked") for message in outcomes.unmark]
+            ended += [(message, "abandoned") for message in outcomes.abandon]
+            outcomes.unmark, outcomes.abandon = [], []
             waiting: list[tuple[Message, Disposition]] = []
             for message, disposition in outcomes.items:
-                if outcomes.slot in result.lost:
+                if message.id in result.fenced:
                     ended.append((message, "fenced"))
+                    if outcomes.fence is not None:
+                        lost.add((outcomes.slot, outcomes.fence))
                 elif message.id in result.deferred:
                     waiting.append((message, disposition))
                 elif message.id in result.failed:
@@ -452,11 +381,15 @@ class Committer:
                     ended.append((message, "failed"))
                 else:
                     ended.append((message, "gone" if message.id in result.gone else "written"))
+            with self._cond:
+                self._forget(outcomes.fence, [message.id for message, _ in ended])
             if waiting:
                 later = Outcomes(outcomes.slot, outcomes.fence, waiting, outcomes.on_recorded)
                 later.retry_at = now + outcomes.delay
                 later.delay = min(DEFERRED_MAX, outcomes.delay * 2)
+                later.handled.set()
                 deferred.append(later)
+            outcomes.handled.set()
             if ended:
                 self.written += sum(1 for _, how in ended if how in ("written", "gone"))
                 outcomes.on_recorded(ended)
@@ -464,3 +397,26 @@ class Committer:
             self.metrics.deferred_outcomes.inc(sum(len(o.items) for o in deferred))
             with self._cond:
                 self._deferred += deferred
+        for slot, fence in sorted(lost, key=lambda term: term[0]):
+            self.metrics.fenced_commits.inc()
+            logger.warning(
+                "slot %s: its calls were taken over by its next holder; their outcomes were not written", slot,
+                extra={"slot": slot},
+            )
+            self._on_lease_lost(slot, fence)
+
+
+def _writes(batches: Sequence[Outcomes], unmarks: dict[tuple[int, Fence], list[int]]) -> list[SlotWrite]:
+    """What each term gets: its outcomes, the marks of calls not made, the calls given up on."""
+    terms: dict[tuple[int, Fence | None], tuple[list[Disposition], list[int], list[int]]] = {}
+    for outcomes in batches:
+        dispositions, unmark, abandon = terms.setdefault((outcomes.slot, outcomes.fence), ([], [], []))
+        dispositions.extend(disposition for _, disposition in outcomes.items)
+        unmark.extend(message.id for message in outcomes.unmark)
+        abandon.extend(message.id for message in outcomes.abandon)
+    for (slot, fence), ids in unmarks.items():
+        terms.setdefault((slot, fence), ([], [], []))[1].extend(ids)
+    return [
+        SlotWrite(slot, fence, tuple(dispositions), tuple(unmark), tuple(abandon))
+        for (slot, fence), (dispositions, unmark, abandon) in terms.items()
+    ]

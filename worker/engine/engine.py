@@ -7,7 +7,7 @@ across all of them, outcomes written by a committer while the lanes move on.
                  │                                                          │
                  ▼                                                          ▼
     fetcher ── for the slot wanted soonest, while the rotation has room:
-                 adopt the calls its previous holder left in flight (once per term)
+                 adopt the calls ended terms left in flight (each counted once, whoever adopts again)
                  candidates = hints with fresh or due messages (round robin over hints)
                  batches    = each hint's eligible prefix, up to the commit-order horizon
                  ──► rotation ──► lanes (poll.concurrency calls at once) ──► committer (group commits)
@@ -16,11 +16,16 @@ across all of them, outcomes written by a committer while the lanes move on.
                  (its slot is fetched again at once if it had more)
 
 A hint is *busy* from its fetch until its last outcome is written; busy hints are left out of fetches, so
-a message is never handed out twice and a hint never has two calls at once. With ``batch_size`` N a hint
+a message is never handed out twice and a hint never has two calls at once; a fetch that passes a busy hint
+over has its slot fetched again as soon as that hint's work is over, so a message inserted meanwhile is called
+right after the one before it, not at the next poll. A batch also ends before any message with a call in
+flight (a row in ``correlation_call``: this replica's, another's, or one of an ended term not adopted yet,
+its row locked by another session), whatever a session changed on the row. With ``batch_size`` N a hint
 that took N messages rests until the next poll interval (targets that need time between two messages).
 A durable pause of everything stops fetching; one of a hint leaves the hint out; one of a message name ends
 each batch before such a message and pauses it (it then holds back its hint's later messages, like any
-paused message) until the pause is lifted.
+paused message) until the pause is lifted. Lanes look at the same pauses before every call, so fetched
+work stops too; the pauses are read again at once when a replica is told they changed, else every second.
 
 :meth:`Engine.run_once` drives the same parts until nothing eligible is left now (for tests and embedding);
 :meth:`Engine.start` runs them continuously.
@@ -40,8 +45,10 @@ from typing import Protocol
 from worker.config import Settings, format_duration
 from worker.correlators import Router
 from worker.db.base import Fence
+from worker.db.calls import LostCall
 from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost
-from worker.db.messages import Candidates, HorizonReading, LostCall, Pause, Unreadable
+from worker.db.fetch import Candidates, HorizonReading, Pause
+from worker.db.rows import Unreadable
 from worker.db.store import Store
 from worker.engine.committer import Committer
 from worker.engine.lanes import DatabaseClock, HintWork, Lanes
@@ -54,9 +61,10 @@ from worker.service.metrics import Metrics
 logger = logging.getLogger(__name__)
 
 FETCHERS = 2  # threads fetching slots (one slot by one fetcher at a time): database round trips overlap
-MARKERS = 1  # threads writing marks (versioned: racing writes keep the newest)
+MARKERS = 1  # threads writing marks of calls in flight
 HORIZON_REUSE = 0.002  # seconds a horizon reading serves later fetches (it stays valid, only conservative)
 HELD_RETRY = 0.05  # seconds before a slot held back by the horizon is fetched again
+ADOPT_RETRY = 0.25  # seconds before a slot with lost calls left unadopted (rows locked elsewhere) is tried again
 PAUSES_REUSE = 1.0  # seconds the list of durable pauses is reused
 STALL_AFTER = 60.0  # seconds without progress after which a held slot counts as stalled (at least 3 polls)
 ERROR_FIRST, ERROR_MAX = 0.5, 10.0  # backoff of a slot whose fetch failed
@@ -78,12 +86,12 @@ class SlotSource(Protocol):
         """The term of a slot's lease (None without leases)."""
         ...
 
-    def safe_for(self, slot: int) -> float:
-        """Seconds the slot stays safe to act on."""
+    def safe_for(self, slot: int, fence: Fence | None = None) -> float:
+        """Seconds the slot stays safe to act on under this term (0 once it is over)."""
         ...
 
-    def lost(self, slot: int) -> None:
-        """A write found the slot's lease gone."""
+    def lost(self, slot: int, fence: Fence | None = None) -> None:
+        """A write found this term of the slot's lease over (a later term is kept)."""
         ...
 
 
@@ -101,11 +109,11 @@ class AllSlots:
         """No lease, no fence."""
         return None
 
-    def safe_for(self, slot: int) -> float:
+    def safe_for(self, slot: int, fence: Fence | None = None) -> float:
         """Always safe."""
         return float("inf")
 
-    def lost(self, slot: int) -> None:
+    def lost(self, slot: int, fence: Fence | None = None) -> None:
         """Nothing to lose."""
 
 
@@ -172,7 +180,7 @@ class Engine:
         self.committer = Committer(store, self.metrics, self._lease_lost, monotonic)
         self.lanes = Lanes(
             router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
-            on_taken=self._room, monotonic=monotonic,
+            on_taken=self._room, monotonic=monotonic, held_back=self.held_back,
         )
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
@@ -183,6 +191,8 @@ class Engine:
         self._horizon_lock = threading.Lock()  # the pin clock and the last reading, shared by the fetchers
         self._horizon: tuple[float, Horizon] | None = None
         self._pauses: tuple[float, list[Pause]] | None = None
+        # What the durable pauses hold back now, read by lanes before every call: (everything, names, hints).
+        self._held: tuple[bool, frozenset[str], frozenset[str]] = (False, frozenset(), frozenset())
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         per_hint = settings.policy.batch_size
@@ -233,6 +243,11 @@ class Engine:
         self.committer.stop()
         for thread in self._threads:
             thread.join(timeout=10)
+
+    def held_back(self, message: Message) -> bool:
+        """True when a durable pause holds this message back (its name, its hint, or everything)."""
+        everything, names, hints = self._held
+        return everything or message.name in names or message.hint in hints
 
     def wake(self, slots: Iterable[int] | None = None) -> None:
         """Fetch these slots (None: every slot, and read the durable pauses again) as soon as there is room."""
@@ -318,6 +333,7 @@ class Engine:
         while not self._stopping.is_set():
             self._tick()
             try:
+                self._pause_list(self._monotonic())  # read again when told they changed, else every second
                 self._sync_slots()
                 state = self._next_slot()
                 if state is not None:
@@ -372,10 +388,9 @@ class Engine:
             for work in self.lanes.drop_slot(slot):
                 work.pending.clear()
                 self.lanes.settle(work)
-            self.committer.forget_slot(slot)
 
-    def _lease_lost(self, slot: int) -> None:
-        self.slot_source.lost(slot)
+    def _lease_lost(self, slot: int, fence: Fence) -> None:
+        self.slot_source.lost(slot, fence)
 
     # -- fetching a slot -------------------------------------------------------------------------------------------
 
@@ -389,9 +404,10 @@ class Engine:
             self._fetch_work(state)
             state.delay = ERROR_FIRST
         except LeaseLost:
-            self.slot_source.lost(state.slot)
+            self.slot_source.lost(state.slot, state.fence)
             with self._cond:
-                self._slots.pop(state.slot, None)
+                if self._slots.get(state.slot) is state:
+                    del self._slots[state.slot]
         except (DatabaseUnavailable, DatabaseBusy) as error:
             self._failed(state, error)
         except Exception as error:  # one slot's trouble must not hold up the others
@@ -410,7 +426,9 @@ class Engine:
             state.delay = min(ERROR_MAX, state.delay * 2)
 
     def _adopt(self, state: _Slot) -> int:
-        """Count the calls the slot's previous holder left in flight; poison messages are made dead."""
+        """Count the calls ended terms of the slot left in flight (this replica's own earlier terms included,
+        but for calls it still makes or records); poison messages are made dead. Calls whose rows another session
+        holds are adopted at a later fetch."""
         assert state.fence is not None
 
         def settle(call: LostCall) -> LostCallOutcome:
@@ -420,13 +438,13 @@ class Engine:
                 poison_after=poison_after,
             )
 
-        adoption = self.store.slot_adopt_lost_calls(state.fence, settle)
+        adoption = self.store.calls_adopt(state.slot, state.fence, settle, keep=self.committer.in_flight())
         state.adopted = adoption.kept == 0
         if adoption.lost:
             self.metrics.lost_calls.inc(len(adoption.lost))
             logger.warning(
-                "slot %s taken over with %d call(s) of its previous holder unrecorded (%d attributed to its "
-                "death): each is delivered again alone, with no other call running beside it", state.slot,
+                "slot %s taken over with %d call(s) of an ended term unrecorded (%d attributed to a crash): "
+                "each is delivered again alone, with no other call running beside it", state.slot,
                 len(adoption.lost), len(adoption.crashed), extra={"slot": state.slot},
             )
         for message_id, name in adoption.poisoned:
@@ -457,11 +475,12 @@ class Engine:
         def choose(candidates: Candidates) -> list[str]:
             with self._cond:
                 self._prune_rests(now)
-                chosen.extend(
-                    hint
-                    for hint in dict.fromkeys(candidates.due + candidates.fresh)
-                    if hint not in self._busy and hint not in self._resting and hint not in paused_hints
-                )
+                for hint in dict.fromkeys(candidates.due + candidates.fresh):
+                    busy = self._busy.get(hint)
+                    if busy is not None:  # passed over: its slot is fetched again once its work is over
+                        busy.again = True
+                    elif hint not in self._resting and hint not in paused_hints:
+                        chosen.append(hint)
             return chosen
 
         def horizon_id(read: Callable[[], HorizonReading | None]) -> int:
@@ -479,7 +498,7 @@ class Engine:
         if batches.unreadable:
             self._dead_letter(batches.unreadable)
         fetched = len(batches.messages)
-        works = self._works(state, batches.messages, paused_names, fetched >= self.page_size)
+        works = self._works(state, batches.messages, batches.in_flight, paused_names, fetched >= self.page_size)
         got = {work.hint for work in works}
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
@@ -495,16 +514,30 @@ class Engine:
                 self.metrics.order_waits.inc()
             else:
                 state.fetched(self._next_due(now, candidates))
+            if not state.adopted:  # a lost call's row is locked elsewhere: its hint waits until it can be counted
+                state.wanted_at = min(state.wanted_at, now + ADOPT_RETRY)
             if not held:  # the slot is drained or gave out work (held back by the horizon it is stuck)
                 state.last_progress = now
         self.lanes.submit(works)
 
     def _works(
-        self, state: _Slot, messages: Sequence[Message], paused_names: dict[str, int], full: bool
+        self,
+        state: _Slot,
+        messages: Sequence[Message],
+        in_flight: frozenset[int],
+        paused_names: dict[str, int],
+        full: bool,
     ) -> list[HintWork]:
-        """The fetched messages as one work per hint (in id order), ended before a paused name's message."""
+        """The fetched messages as one work per hint (in id order), ended before a message with a call in flight
+        and before a paused name's message."""
         by_hint: dict[str, list[Message]] = {}
+        flying: set[str] = set()
         for message in messages:
+            if message.hint in flying:
+                continue
+            if message.id in in_flight:  # in flight, or lost and not adopted yet: the hint waits for it
+                flying.add(message.hint)
+                continue
             by_hint.setdefault(message.hint, []).append(message)
         works = []
         for hint, batch in by_hint.items():
@@ -561,6 +594,11 @@ class Engine:
             return cached[1]
         pauses = self.store.pauses_list()
         self._pauses = (now, pauses)
+        self._held = (
+            any(pause.scope == "all" for pause in pauses),
+            frozenset(pause.target for pause in pauses if pause.scope == "name"),
+            frozenset(pause.target for pause in pauses if pause.scope == "hint"),
+        )
         return pauses
 
     def _dead_letter(self, rows: Sequence[Unreadable]) -> None:
@@ -584,7 +622,9 @@ class Engine:
             if self._busy.get(work.hint) is work:
                 del self._busy[work.hint]
             state = self._slots.get(work.slot)
-            if state is not None and not work.stopped and work.cut:
+            if state is not None and work.again:  # a fetch passed the hint over meanwhile
+                state.want(now)
+            elif state is not None and not work.stopped and work.cut:
                 if self.settings.policy.batch_size != -1:  # N per poll: the hint rests until the next one
                     self._resting[work.hint] = now + self.interval
                     state.want(now + self.interval)

@@ -5,27 +5,31 @@ hint at the front, make its next *run* of calls, and put it back at the end if i
 long backlog or slow calls never keeps a new hint (of any slot) waiting for more than one run. A hint is in
 the rotation or with one lane, never two: one hint never has two calls at once.
 
-A run is marked in flight (on the slot's lease row, through the committer) before its first call starts, so a
-replica taking the slot over after this one died knows which calls were under way. A run is one call for
-correlators slower than a mark and several for fast ones (:func:`worker.policy.batching.run_length`). While
-every lane calls, a lane starting its run has the next run of the rotation's front *marked ahead* (at most one
-per lane, never for a message to call alone): the first lane free takes it and calls at once, so that lanes do
-not wait for a write between two runs. A replica dying meanwhile leaves that run marked, delivered again by
-its successor as a run under way would be::
+A run's calls are marked in flight (a row each in ``correlation_call``, through the committer) before the
+first starts, so a replica taking the slot over after this one died knows which calls were under way; a lane
+makes only the calls that were marked, in order, and stops at the first that was not (in flight elsewhere,
+paused or deleted meanwhile). A run is one call for correlators slower than a mark and several for fast ones
+(:func:`worker.policy.batching.run_length`). While every lane calls, a lane starting its run has the next run
+of the rotation's front *marked ahead* (at most one per lane, never for a message to call alone): the first
+lane free takes it and calls at once, so that lanes do not wait for a write between two runs. A replica dying
+meanwhile leaves that run marked, delivered again by its successor as a run under way would be::
 
     lane:    ask mark A ── wait ── call A ─────────────── call B ─────────── call C ...
     marker:            write A ┘└ write B (asked ahead) └ write C (asked ahead)
 
 A message already lost once (its replica died during its call) is called *alone*: its lane waits until no
-other lane is in a run, other lanes wait until its call is over, and its mark says so. Should the replica die
-again during that call, the death is attributable to the message, which is how a poison message is told from
-the innocent ones that happened to run beside it (:func:`worker.policy.outcomes.settle_lost_call`).
+other lane is in a run, other lanes wait until its call is over and its mark says so no more (its outcome
+written, or its call marked returned when another session holds its row: that session delays its hint only).
+Should the replica die again during that call, the death is attributable to the message, which is how a
+poison message is told from the innocent ones that happened to run beside it
+(:func:`worker.policy.outcomes.settle_lost_call`).
 
-Before each call the lane checks that the message has not expired (by the database clock) and that the
-slot's lease stays safe for longer than the call may take. A watchdog gives up on calls past their handler
-timeout: the outcome is recorded as a timeout, the hint stays busy until the call returns, and a new lane
-thread replaces the stuck one, up to ``concurrency`` stuck threads; past that the replica stops taking work
-and reports itself unhealthy so that its supervisor restarts it.
+Before each call the lane checks that the message has not expired (by the database clock), that no durable
+pause holds it back (a pause stops calls within moments, not when fetched work runs out), and that the term the
+hint was fetched under still runs and stays safe for longer than the call may take. A watchdog gives up on
+calls past their handler timeout: the outcome is recorded as a timeout, the hint stays busy until the call
+returns, and a new lane thread replaces the stuck one, up to ``concurrency`` stuck threads; past that the
+replica stops taking work and reports itself unhealthy so that its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls
 class Leases(Protocol):
     """What lanes ask of the slot leases before a call."""
 
-    def safe_for(self, slot: int) -> float:
-        """Seconds the slot stays safe to act on (infinite without leases)."""
+    def safe_for(self, slot: int, fence: Fence | None = None) -> float:
+        """Seconds the slot stays safe to act on under this term (0 once it ended; infinite without leases)."""
         ...
 
 
@@ -109,6 +113,7 @@ class HintWork:
     unrecorded: int = 0  # outcomes handed to the committer, not written yet
     hung: bool = False  # a call given up on (timeout) is still running
     stopped: bool = False  # an outcome ended the batch (it holds the hint back)
+    again: bool = False  # fetch its slot again when the work is over (a fetch skipped the hint meanwhile)
     finished: bool = False
     started: float = 0.0  # monotonic time of its first call
     called: int = 0
@@ -124,13 +129,16 @@ class _Lane:
     run: list[Message] = field(default_factory=list)  # the run being made
     index: int = 0  # the position in the run of the call being made
     done: list[tuple[Message, Disposition]] = field(default_factory=list)  # outcomes of the run so far
+    unmark: list[Message] = field(default_factory=list)  # marked calls of the run that will not be made
+    abandon: list[Message] = field(default_factory=list)  # calls given up on at shutdown
+    handed: Outcomes | None = None  # the last outcomes handed over (a lone run waits until they are handled)
     abandoned: bool = False  # given up on (timeout or shutdown): its thread ends when the call returns
     timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
     admitted: bool = False  # past the gate: its run may be marked and called
 
-    def unstarted(self) -> list[int]:
+    def unstarted(self) -> list[Message]:
         """The marked calls of the run after the current one."""
-        return [message.id for message in self.run[self.index + 1 :]]
+        return self.run[self.index + 1 :]
 
 
 @dataclass(eq=False)
@@ -156,6 +164,7 @@ class Lanes:
         on_finished: Callable[[HintWork], None],
         on_taken: Callable[[], None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
+        held_back: Callable[[Message], bool] = lambda message: False,
     ) -> None:
         self.router = router
         self.settings = settings
@@ -167,6 +176,7 @@ class Lanes:
         # A hint's work is over: no call running or to make, every outcome written.
         self._on_finished = on_finished
         self._on_taken = on_taken  # a lane took a hint: there is room in the rotation
+        self._held_back = held_back  # a durable pause holds this message back now
         self._monotonic = monotonic
         self.concurrency = settings.poll.concurrency
         self._cond = threading.Condition()
@@ -212,18 +222,21 @@ class Lanes:
             self._stopping = True
             dropped = list(self._rotation)
             self._rotation.clear()
-            dropped += self._let_go_ahead(lambda work: True)
+            dropped += self._let_go_ahead(lambda work: True, withdraw=True)
             self._cond.notify_all()
         return dropped
 
-    def _let_go_ahead(self, which: Callable[[HintWork], bool]) -> list[HintWork]:
-        """Under the lock: take these hints' runs marked ahead out, their marks withdrawn; returns the hints."""
+    def _let_go_ahead(self, which: Callable[[HintWork], bool], *, withdraw: bool) -> list[HintWork]:
+        """Under the lock: take these hints' runs marked ahead out; returns the hints. ``withdraw``: their marks
+        are taken back (the replica stops or the slot is gone), else kept for when a lane calls them (marking
+        them again under the same term changes nothing)."""
         let_go, kept = [], deque[_Ahead]()
         for item in self._ahead:
             if not which(item.work):
                 kept.append(item)
                 continue
-            self.committer.unmark(item.work.slot, [message.id for message in item.run])
+            if withdraw:
+                self.committer.withdraw(item.ticket)
             item.work.pending.extendleft(reversed(item.run))
             item.work.running = False
             let_go.append(item.work)
@@ -246,8 +259,8 @@ class Lanes:
                 if lane.current is not None and not lane.abandoned:
                     lane.abandoned = True
                     message = lane.current
-                    self.committer.abandon(message.slot, message.id)
-                    self.committer.unmark(message.slot, lane.unstarted())
+                    lane.abandon.append(message)
+                    lane.unmark.extend(lane.unstarted())
                     if lane.work is not None:
                         self._hand_over_locked(lane, lane.work)
                     self.metrics.messages.labels(message.name, "abandoned").inc()
@@ -288,7 +301,7 @@ class Lanes:
             dropped = [work for work in self._rotation if work.slot == slot]
             if dropped:
                 self._rotation = deque(work for work in self._rotation if work.slot != slot)
-            dropped += self._let_go_ahead(lambda work: work.slot == slot)
+            dropped += self._let_go_ahead(lambda work: work.slot == slot, withdraw=True)
         return dropped
 
     def waiting(self) -> int:
@@ -417,7 +430,7 @@ class Lanes:
         try:
             self._serve_run(lane, work, run, alone)
             if wants_alone:
-                self._await_recorded(lane, work)
+                self._await_handled(lane)
         finally:
             self._leave(lane)
 
@@ -428,12 +441,16 @@ class Lanes:
         finally:
             self._leave(lane)
 
-    def _await_recorded(self, lane: _Lane, work: HintWork) -> None:
-        """Hold the gate until a lone run's outcomes are written: if a call after it killed the process before
-        then, its mark would still be there, and the crash would be blamed on it."""
-        with self._cond:
-            while work.unrecorded and not lane.abandoned and not self._stopping:
-                self._cond.wait(0.5)
+    def _await_handled(self, lane: _Lane) -> None:
+        """Hold the gate until a lone run's outcomes are handled by a flush (written, or deferred with the call
+        marked returned): if a call after it killed the process before then, its mark would still say alone and
+        under way, and the crash would be blamed on it. A row lock of another session does not hold the gate."""
+        handed = lane.handed
+        if handed is None:
+            return
+        while not handed.handled.wait(0.05):
+            if lane.abandoned or self._stopping:
+                return
 
     def _admit(self, lane: _Lane, wants_alone: bool) -> bool | None:
         """Wait at the gate: a lane calling a message alone runs with no other lane admitted.
@@ -476,25 +493,39 @@ class Lanes:
         if not self._lease_lasts(work, run[0]):
             self._give_back(work, "its slot's lease may end before the call could")
             return
+        if self._held_back(run[0]):
+            self._give_back(work, "a durable pause holds it back", again=True)
+            return
         self._run_marked(lane, work, run, self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone))
 
     def _lease_lasts(self, work: HintWork, message: Message) -> bool:
-        return self.leases.safe_for(work.slot) > self._policy(message.name).handler_timeout.total_seconds()
+        """The term the hint was fetched under still runs, long enough for this call."""
+        timeout = self._policy(message.name).handler_timeout.total_seconds()
+        return self.leases.safe_for(work.slot, work.fence) > timeout
 
     def _run_marked(self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket) -> None:
-        """Make a run's calls once its mark is written (asked for by this lane, or ahead by another)."""
-        if ticket.wait() is None:  # lease gone, stopping, or the database not writable now
+        """Make a run's calls once its marks are written (asked for by this lane, or ahead by another)."""
+        if ticket.wait() is None:  # term over, stopping, or the database not writable now
             self._give_back(work, "its slot's lease is gone")
             return
         self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
-        if not self._lease_lasts(work, run[0]):  # a run marked ahead waited for a lane meanwhile
-            self.committer.unmark(work.slot, [message.id for message in run])
-            self._give_back(work, "its slot's lease may end before the call could")
-            return
-        if not work.started:
-            work.started = self._monotonic()
-        self._mark_next()
+        marked = ticket.marked
+        count = next((index for index, message in enumerate(run) if message.id not in marked), len(run))
+        if count < len(run):  # in flight elsewhere, paused or deleted since the fetch: the hint waits there
+            lane.unmark.extend(message for message in run[count:] if message.id in marked)
+            run = run[:count]
+            self._give_back(work, "a message of it was not marked (in flight elsewhere, paused or deleted)",
+                            again=True)
         try:
+            if not run:
+                return
+            if not self._lease_lasts(work, run[0]):  # a run marked ahead waited for a lane meanwhile
+                lane.unmark.extend(run)
+                self._give_back(work, "its slot's lease may end before the call could")
+                return
+            if not work.started:
+                work.started = self._monotonic()
+            self._mark_next()
             self._calls(lane, work, run)
         finally:
             self._hand_over(lane, work)
@@ -529,24 +560,26 @@ class Lanes:
     def _calls(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
         """Make a run's calls in order; their outcomes collect on the lane until the run ends."""
         lane.run = run
-        # The lease stays safe at least this long (renewals only lengthen it; a loss fences the outcomes off).
-        safe_until = self._monotonic() + self.leases.safe_for(work.slot)
         durations: list[float] = []
         try:
             for index, message in enumerate(run):
                 lane.index = index
                 if self._stopping:
-                    self.committer.unmark(work.slot, [m.id for m in run[index:]])
+                    lane.unmark.extend(run[index:])
                     work.pending.clear()
                     return
                 policy = self._policy(message.name)
                 timeout = policy.handler_timeout.total_seconds()
                 if message.expires_at is not None and message.is_expired(self.clock.now()):
-                    self.committer.unmark(work.slot, [message.id])  # never correlated; cleanup removes it
+                    lane.unmark.append(message)  # never correlated; cleanup removes it
                     continue
+                if self._held_back(message):  # paused since the fetch: it waits, in order, for the lift
+                    lane.unmark.extend(run[index:])
+                    self._give_back(work, "a durable pause holds it back", again=True)
+                    return
                 started = self._monotonic()
-                if index and safe_until - started <= timeout:
-                    self.committer.unmark(work.slot, [m.id for m in run[index:]])
+                if index and self.leases.safe_for(work.slot, work.fence) <= timeout:
+                    lane.unmark.extend(run[index:])
                     self._give_back(work, "its slot's lease may end before the call could")
                     return
                 lane.deadline = started + timeout  # before current: the watchdog reads current first
@@ -574,7 +607,7 @@ class Lanes:
                 if error is not None:
                     _log_failure(message, disposition, error)
                     if self.mode is Mode.FAIL_FIRST:
-                        self.committer.unmark(work.slot, [m.id for m in run[index + 1 :]])
+                        lane.unmark.extend(run[index + 1 :])
                         work.pending.clear()
                         work.stopped = True
                         return
@@ -589,19 +622,27 @@ class Lanes:
 
     def _hand_over_locked(self, lane: _Lane, work: HintWork) -> None:
         done, lane.done = lane.done, []
-        if not done:
+        unmark, lane.unmark = lane.unmark, []
+        abandon, lane.abandon = lane.abandon, []
+        if not (done or unmark or abandon):
             return
-        work.unrecorded += len(done)
+        work.unrecorded += len(done) + len(unmark) + len(abandon)
         self._tally.update(disposition.outcome for _, disposition in done)
         counts = Counter((message.name, disposition.outcome) for message, disposition in done)
         for (name, outcome), n in counts.items():
             self.metrics.messages.labels(name, outcome).inc(n)
-        self.committer.record(Outcomes(work.slot, work.fence, done, lambda ended: self._recorded(work, ended)))
+        outcomes = Outcomes(
+            work.slot, work.fence, done, lambda ended: self._recorded(work, ended), unmark=unmark, abandon=abandon
+        )
+        lane.handed = outcomes
+        self.committer.record(outcomes)
 
-    def _give_back(self, work: HintWork, why: str) -> None:
-        """Make no more calls of this hint now (the messages not called stay as they are, for later)."""
+    def _give_back(self, work: HintWork, why: str, *, again: bool = False) -> None:
+        """Make no more calls of this hint now (the messages not called stay as they are, for later);
+        ``again``: fetch its slot again once the hint's work is over."""
         logger.debug("hint %r left for later: %s", work.hint, why)
         work.pending.clear()
+        work.again = work.again or again
 
     def _observe(self, name: str, durations: Sequence[float]) -> None:
         """A run's call durations: into the histogram, and into the smoothed time that sizes later runs."""
@@ -677,7 +718,7 @@ class Lanes:
         disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
         lane.done.append((message, disposition))
         _log_failure(message, disposition, error)
-        self.committer.unmark(work.slot, lane.unstarted())
+        lane.unmark.extend(lane.unstarted())
         self._hand_over_locked(lane, work)
         self.metrics.hung_calls.set(self._hung)
         if self._hung < self.concurrency and not self._stopping:
@@ -688,7 +729,7 @@ class Lanes:
                 extra=_fields(message),
             )
         else:  # runs marked ahead would stay marked for nothing: back to the rotation, unmarked
-            self._rotation.extendleft(reversed(self._let_go_ahead(lambda work: True)))
+            self._rotation.extendleft(reversed(self._let_go_ahead(lambda work: True, withdraw=False)))
             logger.error(
                 "%d correlator calls are stuck past their timeout: this replica takes no more work; restart it",
                 self._hung,

@@ -223,18 +223,25 @@ class SlotLeaser:
             raise LeaseLost(f"slot {slot} is not leased by {self.holder}")
         return (fence,)
 
-    def safe_for(self, slot: int) -> float:
-        """Seconds until the slot stops being safe to act on (0 when it is not held or being handed back)."""
+    def safe_for(self, slot: int, fence: Fence | None = None) -> float:
+        """Seconds until the slot stops being safe to act on (0 when it is not held or being handed back, or when
+        ``fence`` is given and the term held now is another one: work fetched under an ended term never runs
+        under the next, even this replica's own)."""
         with self._state:
             lease = self._leases.get(slot)
-        if lease is None or lease.draining_since is not None:
+        if lease is None or lease.draining_since is not None or (fence is not None and lease.fence != fence):
             return 0.0
         return max(0.0, lease.safe_until - self._monotonic())
 
-    def lost(self, slot: int) -> None:
-        """A fenced write found the slot's term over: forget the lease (its new holder has it)."""
+    def lost(self, slot: int, fence: Fence | None = None) -> None:
+        """A write found the slot's term over: forget the lease (its new holder has it). With ``fence``, only if
+        that is the term held now: a late write of an ended term never drops the term that followed it."""
         with self._state:
-            lease = self._leases.pop(slot, None)
+            lease = self._leases.get(slot)
+            if lease is not None and fence is not None and lease.fence != fence:
+                lease = None
+            if lease is not None:
+                del self._leases[slot]
             held = len(self._leases)
         if lease is not None:
             self.metrics.lease_losses.inc()

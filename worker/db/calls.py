@@ -1,0 +1,662 @@
+"""Statements on ``correlation_call``: correlator calls in flight, one row per call, and their outcomes.
+
+A call is *marked* before it starts: a row ``(message_id, slot, fence, holder, run_head, state)`` written under
+the slot lease's term, only while that term runs (:meth:`CallStatements.calls_mark`). The row is the call's
+identity, and everything that ends the call compares it, so nothing depends on who wrote last::
+
+    marked ──► the outcome is recorded ─────────────────────► row gone, message updated or deleted
+       │        (only if the row is still there with this term: compare-and-delete)
+       │
+       └─────► the term ended with the row still there ──► the slot's next holder *adopts* it: counts one
+                (a crash, a lost lease)                      lost call on the message (once: the row leaves
+                                                             as it is counted) and delivers it again
+
+Whichever of the two comes first wins; the other finds no row and does nothing. A message with a row is never
+fetched (:mod:`worker.db.messages`), so it is never called twice at once, whatever a session changes on it. The
+outcome of a call whose message row another session holds locked is *deferred*: its row is marked
+``returned`` (the call is over, so a crash now is not its doing) and the outcome is written later; nothing
+waits on that lock but the message's own hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from sqlalchemy import Boolean, bindparam, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+
+from worker.db.base import Fence
+from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost, StoreError, translate
+from worker.db.locks import LockStatements
+from worker.db.schema import UtcDateTime
+from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, storable_text
+
+# -- values ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallMark:
+    """One call to mark before it starts: its message, the first message of its run, and whether it runs alone
+    in its replica (no other call beside it: a crash meanwhile is its doing)."""
+
+    message_id: int
+    run_head: int
+    alone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MarkRequest:
+    """Calls to mark under one lease term."""
+
+    slot: int
+    fence: Fence
+    calls: tuple[CallMark, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Marked:
+    """What a mark wrote: the calls marked (the others must not be made) and the seconds left of each term
+    still running (a term missing here has ended: nothing was marked under it)."""
+
+    marked: frozenset[int] = frozenset()
+    remaining: dict[Fence, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotWrite:
+    """What one flush writes for the calls of one lease term (``fence`` None: an engine without leases, whose
+    outcomes are written unconditionally)."""
+
+    slot: int
+    fence: Fence | None
+    dispositions: tuple[Disposition, ...] = ()
+    unmark: tuple[int, ...] = ()  # marked calls that were not made after all
+    abandon: tuple[int, ...] = ()  # calls given up on at shutdown: delivered again, never blamed
+
+
+@dataclass(frozen=True, slots=True)
+class FlushOutcome:
+    """What a flush wrote."""
+
+    written: frozenset[int] = frozenset()  # message ids whose outcome is recorded
+    gone: frozenset[int] = frozenset()  # ids no longer in the table (deleted meanwhile): nothing to record
+    deferred: frozenset[int] = frozenset()  # ids locked by another session: to be written later
+    failed: dict[int, str] = field(default_factory=dict)  # ids whose outcome the database refused, and why
+    fenced: frozenset[int] = frozenset()  # ids whose call was taken over (its term ended): nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class LostCall:
+    """A call of an ended term found in flight by the slot's next holder."""
+
+    id: int
+    name: str
+    lost_calls: int
+    crashed_calls: int
+    last_error: str | None
+    crashed: bool  # under way when its replica died: its run's first call still marked, not given up at shutdown
+    alone: bool  # no other call ran in its replica meanwhile: a crash then is attributable to it
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """What adopting the calls an ended term left in flight did."""
+
+    lost: tuple[int, ...] = ()  # calls counted as lost (their messages are delivered again, each call alone)
+    crashed: tuple[int, ...] = ()  # of them, calls that ran alone: their replica's death is attributed to them
+    poisoned: tuple[tuple[int, str], ...] = ()  # (id, name) made dead as poison messages
+    kept: int = 0  # calls left for later: their message rows were locked by another session
+
+
+# -- statements -------------------------------------------------------------------------------------------------
+
+# Mark calls under the terms that still run, in one statement committed without waiting for the disk (a mark lost
+# in a database crash costs the count of one redelivery); the lease rows are share-locked until the commit, so a
+# term cannot end (and its calls be adopted) between the check and the insert. A message no longer ready
+# (paused, deleted, made dead) or in flight under another term is not marked; marking a call of the same term
+# again (a run put back in the rotation and taken up again) keeps its row.
+_MARK_PG = text(
+    """
+    WITH fast AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
+    terms AS MATERIALIZED (
+        SELECT l.name, l.fence, EXTRACT(EPOCH FROM l.lock_until - now()) AS remaining
+          FROM correlation_lock l
+          JOIN unnest(CAST(:t_names AS text[]), CAST(:t_holders AS text[]), CAST(:t_fences AS bigint[]))
+               AS t(name, holder, fence) ON l.name = t.name AND l.locked_by = t.holder AND l.fence = t.fence
+         CROSS JOIN fast
+         WHERE l.lock_until > now()
+           FOR SHARE OF l
+    ), marked AS (
+        INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
+        SELECT v.id, v.slot, v.fence, v.holder, v.head, v.state
+          FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
+                      CAST(:holders AS text[]), CAST(:heads AS bigint[]), CAST(:states AS text[]))
+               AS v(id, slot, fence, holder, head, state)
+          JOIN terms ON terms.name = 'slot:' || v.slot AND terms.fence = v.fence
+         WHERE EXISTS (SELECT 1 FROM correlation_message m WHERE m.id = v.id AND m.state = 'ready')
+        ON CONFLICT (message_id) DO UPDATE SET state = excluded.state, run_head = excluded.run_head
+         WHERE correlation_call.slot = excluded.slot AND correlation_call.fence = excluded.fence
+           AND correlation_call.state IN ('called', 'alone')
+        RETURNING message_id
+    )
+    SELECT name, fence, remaining, NULL::bigint AS id FROM terms
+    UNION ALL
+    SELECT NULL, NULL, NULL, message_id FROM marked
+    """
+)
+
+_TERM_SQLITE = text(
+    """
+    SELECT (julianday(lock_until) - julianday('now')) * 86400.0 AS remaining FROM correlation_lock
+     WHERE name = :name AND locked_by = :holder AND fence = :fence
+       AND lock_until > strftime('%Y-%m-%d %H:%M:%f000', 'now')
+    """
+)
+_MARK_SQLITE = text(
+    """
+    INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
+    SELECT :id, :slot, :fence, :holder, :head, :state
+     WHERE EXISTS (SELECT 1 FROM correlation_message m WHERE m.id = :id AND m.state = 'ready')
+    ON CONFLICT (message_id) DO UPDATE SET state = excluded.state, run_head = excluded.run_head
+     WHERE correlation_call.slot = excluded.slot AND correlation_call.fence = excluded.fence
+       AND correlation_call.state IN ('called', 'alone')
+    """
+)
+
+# The outcomes of calls still marked under their term, in one statement: lock those call rows (a concurrent
+# adoption of one waits, then finds it gone), lock their message rows skipping those another session holds, then
+# delete the successes, record the rest, and take the call rows out; a call whose message row is held elsewhere
+# keeps its row, marked returned, for a later flush. A message an operator paused meanwhile stays paused.
+_RECORD_CALLS_PG = text(
+    """
+    WITH v AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
+                             CAST(:done AS boolean[]), CAST(:attempts AS integer[]), CAST(:next AS timestamptz[]),
+                             CAST(:reschedules AS integer[]), CAST(:errors AS text[]), CAST(:dead AS boolean[]))
+               AS v(id, slot, fence, done, attempt, next_attempt_at, reschedule_count, last_error, dead)
+    ), calls AS MATERIALIZED (
+        SELECT c.message_id AS id FROM correlation_call c
+          JOIN v ON c.message_id = v.id AND c.slot = v.slot AND c.fence = v.fence
+           FOR UPDATE OF c
+    ), present AS MATERIALIZED (
+        SELECT id FROM correlation_message WHERE id IN (SELECT id FROM calls)
+    ), locked AS MATERIALIZED (
+        SELECT id FROM correlation_message WHERE id IN (SELECT id FROM calls) FOR UPDATE SKIP LOCKED
+    ), deleted AS (
+        DELETE FROM correlation_message m USING v
+         WHERE m.id = v.id AND v.done AND m.id IN (SELECT id FROM locked)
+        RETURNING m.id
+    ), updated AS (
+        UPDATE correlation_message AS m
+           SET attempt = v.attempt, next_attempt_at = v.next_attempt_at, reschedule_count = v.reschedule_count,
+               last_error = v.last_error, state = CASE WHEN v.dead THEN 'dead' ELSE m.state END,
+               lost_calls = 0, crashed_calls = 0
+          FROM v
+         WHERE m.id = v.id AND NOT v.done AND m.id IN (SELECT id FROM locked)
+        RETURNING m.id
+    ), released AS (
+        DELETE FROM correlation_call c
+         WHERE c.message_id IN (SELECT id FROM calls)
+           AND (c.message_id IN (SELECT id FROM locked) OR c.message_id NOT IN (SELECT id FROM present))
+        RETURNING c.message_id
+    ), returned AS (
+        UPDATE correlation_call c SET state = 'returned'
+         WHERE c.message_id IN (SELECT id FROM present) AND c.message_id NOT IN (SELECT id FROM locked)
+        RETURNING c.message_id
+    )
+    SELECT 'c' AS kind, id FROM calls
+    UNION ALL SELECT 'p', id FROM present
+    UNION ALL SELECT 'w', id FROM deleted
+    UNION ALL SELECT 'w', id FROM updated
+    """
+)
+
+# Outcomes of an engine without leases (no call rows): lock the rows skipping those held elsewhere, then delete
+# the successes and record the rest.
+_RECORD_PG = text(
+    """
+    WITH locked AS (
+        SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) FOR UPDATE SKIP LOCKED
+    ), deleted AS (
+        DELETE FROM correlation_message
+         WHERE id IN (SELECT id FROM locked) AND id = ANY(CAST(:done AS bigint[]))
+        RETURNING id
+    ), updated AS (
+        UPDATE correlation_message AS m
+           SET attempt = v.attempt, next_attempt_at = v.next_attempt_at, reschedule_count = v.reschedule_count,
+               last_error = v.last_error, state = CASE WHEN v.dead THEN 'dead' ELSE m.state END,
+               lost_calls = 0, crashed_calls = 0
+          FROM unnest(CAST(:u_ids AS bigint[]), CAST(:u_attempts AS integer[]),
+                      CAST(:u_next AS timestamptz[]), CAST(:u_reschedules AS integer[]),
+                      CAST(:u_errors AS text[]), CAST(:u_dead AS boolean[]))
+               AS v(id, attempt, next_attempt_at, reschedule_count, last_error, dead)
+         WHERE m.id = v.id AND m.id IN (SELECT id FROM locked)
+        RETURNING m.id
+    )
+    SELECT id FROM deleted UNION ALL SELECT id FROM updated
+    """
+)
+
+# Calls that were not made after all (their rows leave), and calls given up on at shutdown (kept, never blamed).
+_UNMARK_PG = text(
+    """
+    DELETE FROM correlation_call c
+     USING unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[])) AS u(id, slot, fence)
+     WHERE c.message_id = u.id AND c.slot = u.slot AND c.fence = u.fence
+    """
+)
+_ABANDON_PG = text(
+    """
+    UPDATE correlation_call c SET state = 'abandoned'
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[])) AS u(id, slot, fence)
+     WHERE c.message_id = u.id AND c.slot = u.slot AND c.fence = u.fence
+    """
+)
+
+# One call at a time (SQLite, and a flush whose values the database refused).
+_CALL_ONE = {
+    "postgresql": text(
+        "SELECT state FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence FOR UPDATE"
+    ),
+    "sqlite": text("SELECT state FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence"),
+}
+_LOCK_ONE = {
+    "postgresql": text("SELECT id FROM correlation_message WHERE id = :id FOR UPDATE SKIP LOCKED"),
+    "sqlite": text("SELECT id FROM correlation_message WHERE id = :id"),
+}
+_PRESENT_ONE = text("SELECT id FROM correlation_message WHERE id = :id")
+_UNMARK_ONE = text("DELETE FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence")
+_RETURNED_ONE = text(
+    "UPDATE correlation_call SET state = 'returned' WHERE message_id = :id AND slot = :slot AND fence = :fence"
+)
+_ABANDON_ONE = text(
+    "UPDATE correlation_call SET state = 'abandoned' WHERE message_id = :id AND slot = :slot AND fence = :fence"
+)
+_DELETE_ONE = text("DELETE FROM correlation_message WHERE id = :id")
+_RECORD_ONE = text(
+    """
+    UPDATE correlation_message
+       SET attempt = :attempt, next_attempt_at = :next_attempt_at, reschedule_count = :reschedule_count,
+           last_error = :last_error, state = CASE WHEN :dead THEN 'dead' ELSE state END,
+           lost_calls = 0, crashed_calls = 0
+     WHERE id = :id
+    """
+).bindparams(bindparam("next_attempt_at", type_=UtcDateTime()), bindparam("dead", type_=Boolean()))
+# Dead-letter a row whose outcome the database refused, with the reason.
+_DEAD_LETTER = text(
+    "UPDATE correlation_message SET state = 'dead', next_attempt_at = NULL, last_error = :reason WHERE id = :id"
+)
+
+# The calls of a slot's ended terms, with their messages (absent: deleted meanwhile), oldest term and run first;
+# rows a concurrent flush holds are skipped (it is writing their outcomes).
+_ENDED_CALLS = {
+    "postgresql": text(
+        """
+        SELECT c.message_id, c.fence, c.holder, c.run_head, c.state, m.id IS NOT NULL AS present,
+               m.message_name, m.lost_calls, m.crashed_calls, m.last_error
+          FROM correlation_call c LEFT JOIN correlation_message m ON m.id = c.message_id
+         WHERE c.slot = :slot AND c.fence <> :fence
+         ORDER BY c.fence, c.run_head, c.message_id
+           FOR UPDATE OF c SKIP LOCKED
+        """
+    ),
+    "sqlite": text(
+        """
+        SELECT c.message_id, c.fence, c.holder, c.run_head, c.state, m.id IS NOT NULL AS present,
+               m.message_name, m.lost_calls, m.crashed_calls, m.last_error
+          FROM correlation_call c LEFT JOIN correlation_message m ON m.id = c.message_id
+         WHERE c.slot = :slot AND c.fence <> :fence
+         ORDER BY c.fence, c.run_head, c.message_id
+        """
+    ),
+}
+_SETTLE_LOST = text(
+    """
+    UPDATE correlation_message
+       SET lost_calls = :lost_calls, crashed_calls = :crashed_calls, last_error = :last_error,
+           state = CASE WHEN :dead THEN 'dead' ELSE state END
+     WHERE id = :id
+    """
+).bindparams(bindparam("dead", type_=Boolean()))
+_FORGET_CALL = text("DELETE FROM correlation_call WHERE message_id = :id AND fence = :fence AND slot = :slot")
+
+
+def _unnest_terms(ids: Sequence[tuple[int, int, int]]) -> dict[str, list[int]]:
+    return {"ids": [i for i, _, _ in ids], "slots": [s for _, s, _ in ids], "fences": [f for _, _, f in ids]}
+
+
+class CallStatements(LockStatements):
+    """Calls in flight: marking them, recording their outcomes, adopting those an ended term left."""
+
+    # -- marks ------------------------------------------------------------------------------------------------
+
+    def calls_mark(self, requests: Sequence[MarkRequest]) -> Marked:
+        """Mark calls in flight under their terms, before they start.
+
+        Only under a term that still runs (the others are missing from ``remaining``), and only messages still
+        ready and not in flight already (the others are missing from ``marked``: they must not be called).
+        """
+        requests = [r for r in requests if r.calls]
+        if not requests:
+            return Marked()
+        if self.dialect == "postgresql":
+            return self._mark_pg(requests)
+        return self._write(partial(self._mark_sqlite, requests=requests))
+
+    def _mark_pg(self, requests: Sequence[MarkRequest]) -> Marked:
+        terms = {r.fence: r.slot for r in requests}
+        params: dict[str, list[Any]] = {
+            "t_names": [fence.name for fence in terms],
+            "t_holders": [fence.holder for fence in terms],
+            "t_fences": [fence.fence for fence in terms],
+            "ids": [], "slots": [], "fences": [], "holders": [], "heads": [], "states": [],
+        }
+        for request in requests:
+            for call in request.calls:
+                params["ids"].append(call.message_id)
+                params["slots"].append(request.slot)
+                params["fences"].append(request.fence.fence)
+                params["holders"].append(request.fence.holder)
+                params["heads"].append(call.run_head)
+                params["states"].append("alone" if call.alone else "called")
+        try:
+            with self._autocommit.connect() as connection:
+                rows = connection.execute(_MARK_PG, params).all()
+        except DBAPIError as error:
+            raise (translate(error) or error) from error
+        by_term = {(fence.name, fence.fence): fence for fence in terms}
+        remaining = {
+            by_term[(row.name, row.fence)]: float(row.remaining) for row in rows if row.name is not None
+        }
+        return Marked(frozenset(int(row.id) for row in rows if row.id is not None), remaining)
+
+    def _mark_sqlite(self, connection: Connection, requests: Sequence[MarkRequest]) -> Marked:
+        marked: set[int] = set()
+        remaining: dict[Fence, float] = {}
+        for request in requests:
+            fence = request.fence
+            row = connection.execute(
+                _TERM_SQLITE, {"name": fence.name, "holder": fence.holder, "fence": fence.fence}
+            ).first()
+            if row is None:
+                continue
+            remaining[fence] = float(row.remaining)
+            for call in request.calls:
+                params = {
+                    "id": call.message_id, "slot": request.slot, "fence": fence.fence, "holder": fence.holder,
+                    "head": call.run_head, "state": "alone" if call.alone else "called",
+                }
+                if connection.execute(_MARK_SQLITE, params).rowcount:
+                    marked.add(call.message_id)
+        return Marked(frozenset(marked), remaining)
+
+    # -- outcomes ---------------------------------------------------------------------------------------------
+
+    def messages_record(self, writes: Sequence[SlotWrite]) -> FlushOutcome:
+        """Write outcomes, in one transaction, each only if its call is still marked under its term.
+
+        A call taken over meanwhile (its term ended, the slot's next holder counted it) has nothing written
+        (``fenced``). A row another session holds locked is skipped (``deferred``), never waited on. If the
+        database refuses a value, every outcome is written again one at a time, and those refused are reported
+        in ``failed`` (made dead with the reason where possible; nothing else is lost).
+        """
+        if not any(w.dispositions or w.unmark or w.abandon for w in writes):
+            return FlushOutcome()
+        if self.dialect == "postgresql":
+            try:
+                return self._write(partial(self._record, writes=writes, one_by_one=False))
+            except (StoreError, DBAPIError) as error:
+                if isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
+                    raise
+        return self._write(partial(self._record, writes=writes, one_by_one=True))
+
+    def _record(self, connection: Connection, writes: Sequence[SlotWrite], *, one_by_one: bool) -> FlushOutcome:
+        fenced = [(w, d) for w in writes if w.fence is not None for d in w.dispositions]
+        loose = [d for w in writes if w.fence is None for d in w.dispositions]
+        result = _Result()
+        if one_by_one:
+            for write, disposition in fenced:
+                self._record_call_one(connection, write, disposition, result, isolate=self.dialect == "postgresql")
+            for disposition in loose:
+                self._record_loose_one(connection, disposition, result, isolate=self.dialect == "postgresql")
+        else:
+            if fenced:
+                self._record_calls_together(connection, fenced, result)
+            if loose:
+                self._record_loose_together(connection, loose, result)
+        self._unmark_and_abandon(connection, writes)
+        return result.outcome()
+
+    def _record_calls_together(
+        self, connection: Connection, fenced: Sequence[tuple[SlotWrite, Disposition]], result: _Result
+    ) -> None:
+        params: dict[str, list[Any]] = {
+            key: [] for key in ("ids", "slots", "fences", "done", "attempts", "next", "reschedules", "errors", "dead")
+        }
+        for write, d in fenced:
+            assert write.fence is not None
+            params["ids"].append(d.message_id)
+            params["slots"].append(write.slot)
+            params["fences"].append(write.fence.fence)
+            params["done"].append(d.kind is Kind.DELETE)
+            params["attempts"].append(d.attempt)
+            params["next"].append(d.next_attempt_at)
+            params["reschedules"].append(d.reschedule_count)
+            params["errors"].append(d.last_error)
+            params["dead"].append(d.kind is Kind.DEAD)
+        rows = connection.execute(_RECORD_CALLS_PG, params).all()
+        calls = {row.id for row in rows if row.kind == "c"}
+        present = {row.id for row in rows if row.kind == "p"}
+        written = {row.id for row in rows if row.kind == "w"}
+        for _, d in fenced:
+            i = d.message_id
+            if i in written:
+                result.written.add(i)
+            elif i not in calls:
+                result.fenced.add(i)
+            elif i not in present:
+                result.gone.add(i)
+            else:
+                result.deferred.add(i)
+
+    def _record_loose_together(self, connection: Connection, loose: Sequence[Disposition], result: _Result) -> None:
+        updates = [d for d in loose if d.kind is not Kind.DELETE]
+        params = {
+            "ids": [d.message_id for d in loose],
+            "done": [d.message_id for d in loose if d.kind is Kind.DELETE],
+            "u_ids": [d.message_id for d in updates],
+            "u_attempts": [d.attempt for d in updates],
+            "u_next": [d.next_attempt_at for d in updates],
+            "u_reschedules": [d.reschedule_count for d in updates],
+            "u_errors": [d.last_error for d in updates],
+            "u_dead": [d.kind is Kind.DEAD for d in updates],
+        }
+        written = set(connection.execute(_RECORD_PG, params).scalars().all())
+        missing = [d.message_id for d in loose if d.message_id not in written]
+        present = self._present(connection, missing)
+        result.written |= written
+        result.gone |= {i for i in missing if i not in present}
+        result.deferred |= present
+
+    def _present(self, connection: Connection, ids: Sequence[int]) -> set[int]:
+        return {i for i in ids if connection.execute(_PRESENT_ONE, {"id": i}).first() is not None}
+
+    def _record_call_one(
+        self, connection: Connection, write: SlotWrite, disposition: Disposition, result: _Result, *, isolate: bool
+    ) -> None:
+        assert write.fence is not None
+        key = {"id": disposition.message_id, "slot": write.slot, "fence": write.fence.fence}
+        if connection.execute(_CALL_ONE[self.dialect], key).first() is None:
+            result.fenced.add(disposition.message_id)
+            return
+        if connection.execute(_LOCK_ONE[self.dialect], {"id": disposition.message_id}).first() is None:
+            if connection.execute(_PRESENT_ONE, {"id": disposition.message_id}).first() is None:
+                connection.execute(_UNMARK_ONE, key)
+                result.gone.add(disposition.message_id)
+            else:
+                connection.execute(_RETURNED_ONE, key)
+                result.deferred.add(disposition.message_id)
+            return
+        self._apply_one(connection, disposition, result, isolate=isolate)
+        connection.execute(_UNMARK_ONE, key)
+
+    def _record_loose_one(
+        self, connection: Connection, disposition: Disposition, result: _Result, *, isolate: bool
+    ) -> None:
+        if connection.execute(_LOCK_ONE[self.dialect], {"id": disposition.message_id}).first() is None:
+            present = connection.execute(_PRESENT_ONE, {"id": disposition.message_id}).first() is not None
+            (result.deferred if present else result.gone).add(disposition.message_id)
+            return
+        self._apply_one(connection, disposition, result, isolate=isolate)
+
+    def _apply_one(self, connection: Connection, disposition: Disposition, result: _Result, *, isolate: bool) -> None:
+        """Write one outcome on a row known to be there and locked; a refused value makes the message dead."""
+        try:
+            if isolate:
+                with connection.begin_nested():
+                    self._write_one(connection, disposition)
+            else:
+                self._write_one(connection, disposition)
+        except DBAPIError as error:
+            if not isolate or _transient(error):
+                raise
+            reason = storable_text(f"the worker could not record the outcome of this message: {error.orig}")
+            try:
+                with connection.begin_nested():
+                    connection.execute(_DEAD_LETTER, {"id": disposition.message_id, "reason": reason})
+            except DBAPIError as again:
+                result.failed[disposition.message_id] = f"{error.orig}; dead-lettering it failed too: {again.orig}"
+                return
+            result.failed[disposition.message_id] = str(error.orig)
+            return
+        result.written.add(disposition.message_id)
+
+    def _write_one(self, connection: Connection, disposition: Disposition) -> None:
+        if disposition.kind is Kind.DELETE:
+            connection.execute(_DELETE_ONE, {"id": disposition.message_id})
+            return
+        params = {
+            "id": disposition.message_id,
+            "attempt": disposition.attempt,
+            "next_attempt_at": disposition.next_attempt_at,
+            "reschedule_count": disposition.reschedule_count,
+            "last_error": disposition.last_error,
+            "dead": disposition.kind is Kind.DEAD,
+        }
+        connection.execute(_RECORD_ONE, params)
+
+    def _unmark_and_abandon(self, connection: Connection, writes: Sequence[SlotWrite]) -> None:
+        unmark = [(i, w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.unmark]
+        abandon = [(i, w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.abandon]
+        if self.dialect == "postgresql":
+            if unmark:
+                connection.execute(_UNMARK_PG, _unnest_terms(unmark))
+            if abandon:
+                connection.execute(_ABANDON_PG, _unnest_terms(abandon))
+            return
+        for statement, calls in ((_UNMARK_ONE, unmark), (_ABANDON_ONE, abandon)):
+            for message_id, slot, fence in calls:
+                connection.execute(statement, {"id": message_id, "slot": slot, "fence": fence})
+
+    # -- takeover ---------------------------------------------------------------------------------------------
+
+    def calls_adopt(
+        self,
+        slot: int,
+        fence: Fence,
+        settle: Callable[[LostCall], LostCallOutcome],
+        keep: Collection[int] = (),
+    ) -> Adoption:
+        """Count the calls that ended terms of this slot left in flight, in one transaction under ``fence``.
+
+        Each call is lost, once: its row leaves as it is counted, so adopting again counts nothing twice, and
+        the calls of the current term (this holder's own) are never read. ``keep``: calls of this holder's
+        earlier terms that it still makes or records (left to it). Unless abandoned at shutdown or returned
+        before the end, the run's first call still marked is taken for the one under way (a crash); ``settle``
+        decides what that means (e.g. that a message whose call ran alone is poison). Calls whose message row
+        another session holds are left for a later adoption (``kept``); nothing fetches those messages meanwhile.
+        """
+        return self._write(partial(self._adopt, slot=slot, fence=fence, settle=settle, keep=set(keep)))
+
+    def _adopt(
+        self,
+        connection: Connection,
+        slot: int,
+        fence: Fence,
+        settle: Callable[[LostCall], LostCallOutcome],
+        keep: set[int],
+    ) -> Adoption:
+        self.lock_check_fence(connection, fence)
+        rows = connection.execute(_ENDED_CALLS[self.dialect], {"slot": slot, "fence": fence.fence}).all()
+        lost, crashed, poisoned = [], [], []
+        kept = 0
+        seen_runs: set[tuple[int, int]] = set()
+        for row in rows:
+            run = (int(row.fence), int(row.run_head))
+            marked = row.state in ("called", "alone")
+            under_way = marked and run not in seen_runs
+            if marked:
+                seen_runs.add(run)
+            if row.holder == fence.holder and row.message_id in keep:
+                continue
+            key = {"id": row.message_id, "fence": row.fence, "slot": slot}
+            if not row.present:
+                connection.execute(_FORGET_CALL, key)
+                continue
+            if connection.execute(_LOCK_ONE[self.dialect], {"id": row.message_id}).first() is None:
+                kept += 1
+                continue
+            call = LostCall(
+                int(row.message_id), row.message_name, row.lost_calls, row.crashed_calls, row.last_error,
+                crashed=under_way, alone=row.state == "alone",
+            )
+            outcome = settle(call)
+            connection.execute(
+                _SETTLE_LOST,
+                {
+                    "id": call.id,
+                    "lost_calls": outcome.lost_calls,
+                    "crashed_calls": outcome.crashed_calls,
+                    "last_error": outcome.last_error,
+                    "dead": outcome.dead,
+                },
+            )
+            connection.execute(_FORGET_CALL, key)
+            lost.append(call.id)
+            if call.crashed and call.alone:
+                crashed.append(call.id)
+            if outcome.dead:
+                poisoned.append((call.id, call.name))
+        return Adoption(tuple(lost), tuple(crashed), tuple(poisoned), kept)
+
+    def calls_in_flight(self) -> list[dict[str, Any]]:
+        """Every call marked in flight (for operators and tests), oldest term first."""
+        statement = text(
+            "SELECT message_id, slot, fence, holder, run_head, state FROM correlation_call "
+            "ORDER BY slot, fence, run_head, message_id"
+        )
+        return self._run(lambda c: [dict(row._mapping) for row in c.execute(statement)])
+
+
+@dataclass
+class _Result:
+    written: set[int] = field(default_factory=set)
+    gone: set[int] = field(default_factory=set)
+    deferred: set[int] = field(default_factory=set)
+    failed: dict[int, str] = field(default_factory=dict)
+    fenced: set[int] = field(default_factory=set)
+
+    def outcome(self) -> FlushOutcome:
+        return FlushOutcome(
+            frozenset(self.written), frozenset(self.gone), frozenset(self.deferred), dict(self.failed),
+            frozenset(self.fenced),
+        )
+
+
+def _transient(error: DBAPIError) -> bool:
+    """A lock or statement timeout, a deadlock, a lost connection: the flush is tried again, not split."""
+    return isinstance(translate(error), DatabaseBusy | DatabaseUnavailable)

@@ -1,0 +1,383 @@
+"""The engine's reads of ``correlation_message``: a slot's work, and the durable pauses that hold it back.
+
+A slot is read in two steps, each bounded by what it returns rather than by what the table holds (DESIGN.md
+§2.1 "a poll must cost O(page)"):
+
+1. :meth:`FetchStatements.messages_candidates` finds the slot's hints that may have work: hints with fresh
+   messages by a loose index scan (one index probe per hint, however many messages it has queued, starting
+   after a round-robin cursor), and hints with a delayed message now due.
+2. :meth:`FetchStatements.messages_fetch_batches` reads each chosen hint's batch: its ready, due messages in
+   id order up to the first one that holds the hint back (a waiting retry, a paused message, a dead one in
+   ``fail_first`` mode: one index probe each) and up to the commit-order horizon. Each message says whether
+   a call of it is in flight (:mod:`worker.db.calls`): the engine ends the hint's batch before such a message.
+
+Rows come back as :class:`~worker.message.Message` values; a row the worker cannot read (a payload it cannot
+decode, say) comes back as an :class:`Unreadable` so that the engine dead-letters it and goes on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ARRAY, BigInteger, Integer, Text, bindparam, select, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql import TextClause
+
+from worker.config import Mode
+from worker.db.base import StoreBase
+from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
+from worker.db.schema import pause_table
+from worker.message import Message
+from worker.policy.outcomes import storable_text
+
+# -- values ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """A slot's hints that may have work now."""
+
+    fresh: tuple[str, ...]  # hints with fresh messages, in hint order after the cursor
+    due: tuple[str, ...]  # hints with a delayed message that is due now
+    next_due: datetime | None  # the earliest due time still to come in the slot
+    now: datetime  # the database clock when they were read
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """Batches read for some hints: messages in id order per hint, and rows that could not be read."""
+
+    messages: tuple[Message, ...]
+    unreadable: tuple[Unreadable, ...]
+    now: datetime
+    in_flight: frozenset[int] = frozenset()  # ids of messages with a call in flight (a batch ends before one)
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonReading:
+    """The id sequence's last value and the producer transactions still registered (see policy.horizon)."""
+
+    last_id: int
+    pins: tuple[tuple[int, str], ...]  # (every id of it is above this, the transaction holding it)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A durable pause: a message name, a hint, or everything (``scope`` all), held back until lifted."""
+
+    id: int
+    scope: str
+    target: str
+    reason: str
+    created_by: str
+    created_at: datetime
+
+
+
+# -- the engine's statements ------------------------------------------------------------------------------------
+
+
+def _now_sql(dialect: str) -> str:
+    return "now()" if dialect == "postgresql" else "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+
+
+def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
+    """A slot's hints with fresh messages after :after (before it, with ``wrap``), hints with due messages,
+    the next due time and the clock."""
+    now = _now_sql(dialect)
+    no_time = "CAST(NULL AS timestamptz)" if dialect == "postgresql" else "NULL"
+    fresh = "m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NULL"
+    bound = "AND m.correlation_hint <= :after" if wrap else ""
+    start = "''" if wrap else ":after"
+    return text(
+        f"""
+        WITH RECURSIVE fresh(hint) AS (
+            SELECT (SELECT m.correlation_hint FROM correlation_message m
+                     WHERE {fresh} AND m.correlation_hint > {start} {bound}
+                     ORDER BY m.correlation_hint LIMIT 1)
+            UNION ALL
+            SELECT (SELECT m.correlation_hint FROM correlation_message m
+                     WHERE {fresh} AND m.correlation_hint > fresh.hint {bound}
+                     ORDER BY m.correlation_hint LIMIT 1)
+              FROM fresh WHERE fresh.hint IS NOT NULL
+        )
+        SELECT 'f' AS kind, hint, {no_time} AS due FROM (
+            SELECT hint FROM fresh WHERE hint IS NOT NULL LIMIT :budget) AS f
+        UNION ALL
+        SELECT 'd', hint, {no_time} FROM (
+            SELECT m.correlation_hint AS hint FROM correlation_message m
+             WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NOT NULL
+               AND m.next_attempt_at <= {now}
+             ORDER BY m.next_attempt_at LIMIT :budget) AS d
+        UNION ALL
+        SELECT 'n', NULL, (SELECT min(m.next_attempt_at) FROM correlation_message m
+                            WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at > {now})
+        UNION ALL
+        SELECT 't', NULL, {now}
+        """
+    ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
+
+
+# Whether a call of the message is in flight (a primary-key probe of the small correlation_call table).
+_IN_FLIGHT = "EXISTS (SELECT 1 FROM correlation_call f WHERE f.message_id = {m}.id) AS in_flight"
+
+
+def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
+    """One hint's batch: ready, due, unexpired messages in id order below the first that holds it back."""
+    now = _now_sql(dialect)
+    unexpired = f"(b.expires_at IS NULL OR b.expires_at > {now})"
+    least = "LEAST" if dialect == "postgresql" else "min"
+    blockers = [
+        f"""COALESCE((SELECT b.id FROM correlation_message b
+                       WHERE b.correlation_hint = {hint_expression} AND b.state = 'paused' AND {unexpired}
+                       ORDER BY b.id LIMIT 1), :horizon + 1)""",
+        f"""COALESCE((SELECT b.id FROM correlation_message b
+                       WHERE b.correlation_hint = {hint_expression} AND b.state = 'ready'
+                         AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > {now} AND {unexpired}
+                       ORDER BY b.id LIMIT 1), :horizon + 1)""",
+    ]
+    if mode is Mode.FAIL_FIRST:
+        blockers.append(
+            f"""COALESCE((SELECT b.id FROM correlation_message b
+                           WHERE b.correlation_hint = {hint_expression} AND b.state = 'dead' AND {unexpired}
+                           ORDER BY b.id LIMIT 1), :horizon + 1)"""
+        )
+    return f"""
+        SELECT {ENGINE_COLUMNS}, {_IN_FLIGHT.format(m="m")} FROM correlation_message m
+         WHERE m.correlation_hint = {hint_expression} AND m.state = 'ready' AND m.id <= :horizon
+           AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= {now})
+           AND (m.expires_at IS NULL OR m.expires_at > {now})
+           AND m.id < {least}({", ".join(blockers)})
+         ORDER BY m.id LIMIT :per_hint"""
+
+
+def _batches_statement(dialect: str, mode: Mode) -> TextClause:
+    if dialect == "postgresql":
+        inner = _batch_sql(dialect, mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}", "m.*", 1)
+        sql = f"""
+            SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, {_IN_FLIGHT.format(m="x")}
+              FROM unnest(CAST(:hints AS text[])) AS c(hint)
+             CROSS JOIN LATERAL ({inner}) AS x
+             ORDER BY x.id LIMIT :limit"""
+        return text(sql).bindparams(
+            bindparam("hints", type_=ARRAY(Text())),
+            bindparam("horizon", type_=BigInteger()),
+            bindparam("per_hint", type_=Integer()),
+            bindparam("limit", type_=Integer()),
+        )
+    return text(_batch_sql(dialect, mode, ":hint")).bindparams(
+        bindparam("horizon", type_=BigInteger()), bindparam("per_hint", type_=Integer())
+    )
+
+
+_STATEMENTS: dict[tuple[str, str, object], TextClause] = {}
+_DRIVER_SQL: dict[int, str] = {}
+
+
+def _driver_sql(statement: TextClause) -> str:
+    """A text statement's SQL with psycopg's ``%(name)s`` placeholders instead of ``:name``."""
+    sql = _DRIVER_SQL.get(id(statement))
+    if sql is None:
+        sql = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", statement.text.replace("%", "%%"))
+        _DRIVER_SQL[id(statement)] = sql
+    return sql
+
+
+def _statement(dialect: str, name: str, variant: object, build: Callable[[], TextClause]) -> TextClause:
+    key = (dialect, name, variant)
+    statement = _STATEMENTS.get(key)
+    if statement is None:
+        statement = _STATEMENTS[key] = build()
+    return statement
+
+
+# The commit-order horizon's reading (PostgreSQL): see schema/ddl/0003 and worker.policy.horizon.
+_HORIZON = text("SELECT last_id, pin_ids, pin_holders FROM correlation_order_horizon()")
+
+# Dead-letter a row the worker cannot read or record, with the reason; its other values are left alone
+# except next_attempt_at (the one worker-owned time that could be out of range).
+_DEAD_LETTER = text(
+    "UPDATE correlation_message SET state = 'dead', next_attempt_at = NULL, last_error = :reason WHERE id = :id"
+)
+
+# Pause one message for a durable pause of its name (it then holds back the later messages of its hint).
+_PARK = text(
+    "UPDATE correlation_message SET state = 'paused', pause_id = :pause_id WHERE id = :id AND state = 'ready'"
+)
+
+
+
+class FetchStatements(StoreBase):
+    """The engine's reads of a slot's work (and the writes that put unreadable or paused rows aside)."""
+
+    def messages_candidates(self, slot: int, after: str, budget: int) -> Candidates:
+        """A slot's hints that may have work: up to ``budget`` with fresh messages after ``after`` (wrapping
+        round to the start), up to ``budget`` with due delayed messages, and the slot's next due time."""
+        return self._run(lambda c: self._candidates(c, slot, after, budget))
+
+    def order_horizon(self) -> HorizonReading | None:
+        """The sequence's last id and the registered producer transactions; None where order needs no
+        horizon (SQLite: one writer at a time, so ids commit in order)."""
+        if self.dialect != "postgresql":
+            return None
+        return self._run(self._horizon)
+
+    def messages_fetch_batches(
+        self, hints: Sequence[str], *, horizon: int, per_hint: int, limit: int, mode: Mode
+    ) -> Fetched:
+        """Each hint's batch (at most ``per_hint`` messages, ``limit`` in all), in id order per hint."""
+        return self._run(lambda c: self._batches(c, hints, horizon, per_hint, limit, mode, self._now(c)))
+
+    def messages_fetch_slot(
+        self,
+        slot: int,
+        after: str,
+        budget: int,
+        *,
+        choose: Callable[[Candidates], Sequence[str]],
+        horizon: Callable[[Callable[[], HorizonReading | None]], int],
+        per_hint: int,
+        limit: int,
+        mode: Mode,
+    ) -> tuple[Candidates, Fetched]:
+        """A slot's fetch: its candidate hints, the hints ``choose`` takes of them, then the commit-order horizon
+        (``horizon`` decides, reading it through the function it is given when it needs a fresh reading) and
+        those hints' batches below it.
+
+        The batches must be read from a snapshot taken after ``choose`` ran (which looks at what this replica
+        is still busy with): on PostgreSQL every statement of a READ COMMITTED transaction takes a new one, so
+        one transaction serves; SQLite keeps one snapshot per transaction, so the batches get a second one.
+        """
+
+        def batches(connection: Connection, candidates: Candidates, hints: Sequence[str]) -> Fetched:
+            if not hints:
+                return Fetched((), (), candidates.now)
+            limit_id = horizon(lambda: self._horizon(connection) if self.dialect == "postgresql" else None)
+            return self._batches(connection, hints, limit_id, per_hint, limit, mode, candidates.now)
+
+        if self.dialect == "sqlite":
+            candidates = self._run(lambda c: self._candidates(c, slot, after, budget))
+            hints = choose(candidates)
+            return candidates, self._run(lambda c: batches(c, candidates, hints))
+
+        def work(connection: Connection) -> tuple[Candidates, Fetched]:
+            candidates = self._candidates(connection, slot, after, budget)
+            return candidates, batches(connection, candidates, choose(candidates))
+
+        return self._run(work)
+
+    def _candidates(self, connection: Connection, slot: int, after: str, budget: int) -> Candidates:
+        rows = connection.execute(
+            _statement(self.dialect, "candidates", False, lambda: _candidates_sql(self.dialect, False)),
+            {"slot": slot, "after": after, "budget": budget},
+        ).all()
+        fresh = [row.hint for row in rows if row.kind == "f"]
+        if len(fresh) < budget and after:
+            more = connection.execute(
+                _statement(self.dialect, "candidates", True, lambda: _candidates_sql(self.dialect, True)),
+                {"slot": slot, "after": after, "budget": budget - len(fresh)},
+            ).all()
+            fresh += [row.hint for row in more if row.kind == "f" and row.hint not in fresh]
+        due = tuple(dict.fromkeys(row.hint for row in rows if row.kind == "d"))
+        times = {row.kind: sqlite_time(row.due) for row in rows if row.kind in ("n", "t")}
+        now = times["t"]
+        assert now is not None
+        return Candidates(tuple(fresh), due, times.get("n"), now)
+
+    def _horizon(self, connection: Connection) -> HorizonReading:
+        row = connection.execute(_HORIZON).one()
+        pins = tuple(zip(row.pin_ids or (), row.pin_holders or (), strict=True))
+        return HorizonReading(int(row.last_id), tuple((int(after), str(holder)) for after, holder in pins))
+
+    def _batches(
+        self,
+        connection: Connection,
+        hints: Sequence[str],
+        horizon: int,
+        per_hint: int,
+        limit: int,
+        mode: Mode,
+        now: datetime,
+    ) -> Fetched:
+        if not hints:
+            return Fetched((), (), now)
+        statement = _statement(self.dialect, "batches", mode, lambda: _batches_statement(self.dialect, mode))
+        sqlite = self.dialect == "sqlite"
+        if not sqlite:
+            # The driver's own cursor, binary: this statement reads every message the engine handles, and rows
+            # built by the driver alone cost a fraction of the general result machinery.
+            params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
+            driver = connection.connection.driver_connection
+            with driver.cursor(binary=True) as cursor:  # type: ignore[union-attr]
+                cursor.execute(_driver_sql(statement), params)
+                rows: list[Any] = cursor.fetchall()
+        else:
+            rows = []
+            for hint in hints:
+                take = min(per_hint, limit - len(rows))
+                if take <= 0:
+                    break
+                rows += connection.execute(statement, {"hint": hint, "horizon": horizon, "per_hint": take}).all()
+        messages: list[Message] = []
+        unreadable: list[Unreadable] = []
+        in_flight: list[int] = []
+        for row in rows:
+            if row[-1]:
+                in_flight.append(int(row[0]))
+            decoded = decode_row(row[:-1], sqlite)
+            if isinstance(decoded, Message):
+                messages.append(decoded)
+            else:
+                unreadable.append(decoded)
+        return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight))
+
+    def messages_dead_letter(self, reasons: dict[int, str]) -> int:
+        """Make these messages dead with a reason each (rows the worker cannot read or record)."""
+
+        def work(connection: Connection) -> int:
+            done = 0
+            for row_id, reason in reasons.items():
+                done += connection.execute(_DEAD_LETTER, {"id": row_id, "reason": storable_text(reason)}).rowcount
+            return done
+
+        return self._write(work)
+
+    def message_park(self, message_id: int, pause_id: int) -> bool:
+        """Pause one message on behalf of a durable pause of its name; False if it was no longer ready."""
+        params = {"id": message_id, "pause_id": pause_id}
+        return bool(self._write(lambda c: c.execute(_PARK, params).rowcount))
+
+    # -- durable pauses ---------------------------------------------------------------------------------------
+
+    def pauses_list(self) -> list[Pause]:
+        """Every durable pause, oldest first."""
+        statement = select(pause_table).order_by(pause_table.c.id)
+        return self._run(lambda c: [_pause(row) for row in c.execute(statement)])
+
+    # -- producers and operators ------------------------------------------------------------------------------
+
+    def messages_oldest_eligible(self, slots: Collection[int], mode: Mode, budget: int = 50) -> datetime | None:
+        """The created_at of the oldest message that could be correlated now, looking at up to ``budget``
+        hints per slot (beyond that it is a lower bound of the age)."""
+        oldest: datetime | None = None
+        horizon = self.order_horizon()
+        limit = horizon.last_id if horizon is not None else 2**62
+        for slot in slots:
+            candidates = self.messages_candidates(slot, "", budget)
+            hints = list(dict.fromkeys(candidates.fresh + candidates.due))
+            fetched = self.messages_fetch_batches(hints, horizon=limit, per_hint=1, limit=len(hints), mode=mode)
+            for message in fetched.messages:
+                if oldest is None or message.created_at < oldest:
+                    oldest = message.created_at
+        return oldest
+
+
+def _pause(row: Any) -> Pause:
+    return Pause(row.id, row.scope, row.target, row.reason, row.created_by, row.created_at)
+
+
+

@@ -1,0 +1,113 @@
+"""Rows of ``correlation_message`` as the project's :class:`~worker.message.Message` values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy.engine import Row
+
+from worker.db.base import UnreadableJson, json_loads
+from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Message, MessageState
+from worker.policy.outcomes import storable_text
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A row the worker cannot turn into a message, and why."""
+
+    id: int
+    hint: str
+    slot: int
+    reason: str
+
+
+
+
+
+_STATES = {state.value: state for state in MessageState}
+
+
+def freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({key: freeze(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return tuple(freeze(item) for item in value)
+    return value
+
+
+def sqlite_time(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = datetime.fromisoformat(str(value).replace("T", " ").removesuffix("Z"))
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+
+
+# The engine's columns, payload and headers as JSON text (decoded here, row by row, so that one row the
+# driver could not decode never fails a whole page).
+ENGINE_COLUMNS = (
+    "m.id, m.message_id, m.message_name, m.correlation_hint, CAST(m.payload AS TEXT) AS payload, "
+    "CAST(m.headers AS TEXT) AS headers, m.created_at, m.time_to_live, m.expires_at, m.attempt, "
+    "m.next_attempt_at, m.reschedule_count, m.last_error, m.state, m.slot, m.lost_calls, m.crashed_calls"
+)
+
+
+def decode_row(values: Sequence[Any], sqlite: bool) -> Message | Unreadable:
+    """A message from the engine's columns, or an :class:`Unreadable` saying why it cannot be one."""
+    (
+        id_, message_id, name, hint, payload_text, headers_text, created_at, time_to_live, expires_at, attempt,
+        next_attempt_at, reschedule_count, last_error, state, slot, lost_calls, crashed_calls,
+    ) = values
+    try:
+        if len(payload_text) > PAYLOAD_MAX_BYTES or len(headers_text) > HEADERS_MAX_BYTES:
+            raise ValueError(
+                f"payload or headers larger than {PAYLOAD_MAX_BYTES} / {HEADERS_MAX_BYTES} bytes"
+            )
+        payload = json_loads(payload_text)
+        headers = json_loads(headers_text) if headers_text != "{}" else {}
+        if isinstance(payload, UnreadableJson) or isinstance(headers, UnreadableJson):
+            raise ValueError("the JSON is nested too deeply to decode")
+        if not isinstance(headers, dict):
+            raise ValueError("headers are not a JSON object")
+        if sqlite:
+            created_at = sqlite_time(created_at)
+            expires_at = sqlite_time(expires_at)
+            next_attempt_at = sqlite_time(next_attempt_at)
+            time_to_live = None if time_to_live is None else timedelta(seconds=float(time_to_live))
+        return Message(  # positionally: a keyword call costs more than the rest of building the message
+            id_, message_id, name, hint, freeze(payload), freeze(headers), created_at, time_to_live, expires_at,
+            attempt, next_attempt_at, reschedule_count, last_error, _STATES.get(state) or MessageState(state),
+            slot, lost_calls, crashed_calls,
+        )
+    except (ValueError, TypeError, OverflowError, RecursionError) as error:
+        reason = f"the worker cannot read this message: {type(error).__name__}: {str(error)[:300]}"
+        return Unreadable(int(id_), str(hint), int(slot), storable_text(reason))
+
+
+def message_of_row(row: Row[Any]) -> Message:
+    """A message from a row of ``select(message_table)`` (admin reads)."""
+    mapping = row._mapping
+    return Message(
+        id=mapping["id"],
+        message_id=mapping["message_id"],
+        name=mapping["message_name"],
+        hint=mapping["correlation_hint"],
+        payload=freeze(mapping["payload"]),
+        headers=freeze(mapping["headers"] or {}),
+        created_at=mapping["created_at"],
+        time_to_live=mapping["time_to_live"],
+        expires_at=mapping["expires_at"],
+        attempt=mapping["attempt"],
+        next_attempt_at=mapping["next_attempt_at"],
+        reschedule_count=mapping["reschedule_count"],
+        last_error=mapping["last_error"],
+        state=_STATES.get(mapping["state"]) or MessageState(mapping["state"]),
+        slot=mapping["slot"],
+        lost_calls=mapping["lost_calls"],
+        crashed_calls=mapping["crashed_calls"],
+    )
+
+
