@@ -1,6 +1,6 @@
-"""In-flight marks on slot leases: what a replica taking over a dead holder's slot counts and decides.
+"""Calls in flight (rows of correlation_call): what a replica taking over a dead holder's slot counts and decides.
 
-The dead holder is simulated exactly: its marks are written on its lease row as its committer writes them, and
+The dead holder is simulated exactly: its calls are written as its committer writes them, under its term, and
 its term is ended in the database (no waiting for clocks), then another replica takes the slot over.
 """
 
@@ -8,27 +8,27 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from sqlalchemy import text
 
 from tests.conftest import stop_at_teardown
 from tests.integration.test_slot_leases import leaser
 from worker.config import Settings
 from worker.correlators import Router
-from worker.db.messages import InFlight
 from worker.db.store import NewMessage, Store
 from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
-from worker.engine.leases import SlotLeaser, slot_lock_name
+from worker.engine.leases import SlotLeaser
 from worker.message import Message, MessageState
 from worker.service.metrics import Metrics
 
 
-def in_flight_marks(store: Store) -> dict[str, str]:
-    with store.engine.connect() as connection:
-        rows = connection.execute(text("SELECT name, in_flight FROM correlation_lock WHERE in_flight IS NOT NULL"))
-        return {row.name: row.in_flight for row in rows}
+def in_flight(store: Store) -> dict[int, str]:
+    """The calls marked in flight: message id → state."""
+    return {row["message_id"]: row["state"] for row in store.calls_in_flight()}
 
 
 def engine_of(store: Store, slots: SlotLeaser, metrics: Metrics, calls: list[int], **policy: object) -> Engine:
@@ -56,17 +56,31 @@ def send(store: Store, hint: str) -> int:
     return row_id
 
 
-def die_with_marks(store: Store, dead: SlotLeaser, slot: int, marks: InFlight | str) -> None:
-    """The holder wrote these marks, then died: its term ends without a release."""
+Call = tuple[int, int, str]  # (message id, the first message of its run, state)
+
+
+def die_with_calls(store: Store, dead: SlotLeaser, slot: int, calls: Sequence[Call]) -> None:
+    """The holder marked these calls, then died: its term ends without a release."""
     fence = dead.fence(slot)
     assert fence is not None
-    value = marks if isinstance(marks, str) else marks.to_json()
     with store.engine.begin() as connection:
+        for message_id, head, state in calls:
+            connection.execute(
+                text("INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state) "
+                     "VALUES (:id, :slot, :fence, :holder, :head, :state)"),
+                {"id": message_id, "slot": slot, "fence": fence.fence, "holder": fence.holder, "head": head,
+                 "state": state},
+            )
         connection.execute(
-            text("UPDATE correlation_lock SET in_flight = :marks, lock_until = now() - interval '1 second' "
+            text("UPDATE correlation_lock SET lock_until = now() - interval '1 second' "
                  "WHERE name = :name AND fence = :fence"),
-            {"marks": value, "name": fence.name, "fence": fence.fence},
+            {"name": fence.name, "fence": fence.fence},
         )
+
+
+def run_of(*ids: int, state: str = "called") -> list[Call]:
+    """Calls marked together: one run, made in this order."""
+    return [(message_id, ids[0], state) for message_id in ids]
 
 
 def take_over(store: Store, metrics: Metrics, slot: int, name: str = "heir") -> SlotLeaser:
@@ -76,7 +90,38 @@ def take_over(store: Store, metrics: Metrics, slot: int, name: str = "heir") -> 
     return heir
 
 
-def test_a_clean_run_leaves_no_in_flight_mark(store: Store) -> None:
+
+def _settle(poison_after: int):  # type: ignore[no-untyped-def]
+    from worker.policy.outcomes import settle_lost_call
+
+    return lambda call: settle_lost_call(
+        call.lost_calls, call.crashed_calls, call.last_error, crashed=call.crashed, alone=call.alone,
+        poison_after=poison_after,
+    )
+
+
+def adopt(store: Store, heir: SlotLeaser, slot: int, poison_after: int = 3) -> Any:
+    fence = heir.fence(slot)
+    assert fence is not None
+    return store.calls_adopt(slot, fence, _settle(poison_after))
+
+
+def wait_until(condition: Any, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def slot_of(store: Store, message_id: int) -> int:
+    message = store.messages_get(message_id)
+    assert message is not None
+    return message.slot
+
+
+def test_a_clean_run_leaves_no_call_in_flight(store: Store) -> None:
     a = leaser(store, "a")
     a.run_once()
     send(store, "order-1")
@@ -84,44 +129,40 @@ def test_a_clean_run_leaves_no_in_flight_mark(store: Store) -> None:
     metrics = Metrics()
     result = engine_of(store, a, metrics, calls).run_once()
     assert result.correlated == 1 and metrics.redeliveries._value.get() == 0
-    assert in_flight_marks(store) == {}
+    assert in_flight(store) == {}
 
 
 def test_calls_in_flight_at_a_holders_death_are_counted_exactly_when_delivered_again(store: Store) -> None:
     dead = leaser(store, "dead")
     dead.run_once()
-    alone = send(store, "order-1")  # its call was marked alone: it was running when the holder died
-    first, second = send(store, "order-2"), send(store, "order-2")  # a run marked together
-    untouched = send(store, "order-3")
-    slots = {store.messages_get(i).slot for i in (alone, first, untouched)}  # type: ignore[union-attr]
-    for slot in slots:
-        marks = InFlight(runs=tuple(
-            run for run in ((alone,), (first, second))
-            if store.messages_get(run[0]).slot == slot  # type: ignore[union-attr]
-        ))
-        die_with_marks(store, dead, slot, marks)
+    alone = send(store, "order-1")
+    slot = slot_of(store, alone)
+    first, second = send(store, hint_in_slot(store, slot, "two-")), 0
+    second = send(store, store.messages_get(first).hint)  # type: ignore[union-attr]
+    untouched = send(store, hint_in_slot(store, slot, "three-"))
+    die_with_calls(store, dead, slot, run_of(alone, state="alone") + run_of(first, second))
     metrics = Metrics()
-    heir = take_over(store, metrics, next(iter(slots)))
+    heir = take_over(store, metrics, slot)
     calls: list[int] = []
     result = engine_of(store, heir, metrics, calls).run_once()
     assert sorted(calls) == sorted({alone, first, second, untouched})
     assert result.adopted == 3 and metrics.lost_calls._value.get() == 3
     assert metrics.redeliveries._value.get() == 3  # exactly the calls marked in flight, each once
-    assert in_flight_marks(store) == {}
+    assert in_flight(store) == {}
 
 
 def test_a_message_whose_calls_kill_its_replica_is_dead_after_poison_after_crashes(store: Store) -> None:
     poison, neighbour = send(store, "order-1"), send(store, "order-1")
-    slot = store.messages_get(poison).slot  # type: ignore[union-attr]
+    slot = slot_of(store, poison)
     bystander = send(store, hint_in_slot(store, slot, "other-"))
     holder = leaser(store, "replica-0")
     holder.run_once()
     for crash in (1, 2):  # the call of `poison` was running alone when its replica died
-        die_with_marks(store, holder, slot, InFlight(runs=((poison,),), alone=(poison,)))
+        die_with_calls(store, holder, slot, run_of(poison, state="alone"))
         holder = take_over(store, Metrics(), slot, f"replica-{crash}")
-        adoption = store.slot_adopt_lost_calls(holder.fence(slot), _settle(3))  # type: ignore[arg-type]
+        adoption = adopt(store, holder, slot)
         assert adoption.crashed == (poison,) and not adoption.poisoned
-    die_with_marks(store, holder, slot, InFlight(runs=((poison,),), alone=(poison,)))
+    die_with_calls(store, holder, slot, run_of(poison, state="alone"))
     metrics = Metrics()
     heir = take_over(store, metrics, slot, "heir")
     calls: list[int] = []
@@ -136,58 +177,101 @@ def test_a_message_whose_calls_kill_its_replica_is_dead_after_poison_after_crash
     assert after is not None and after.attempt == 0 and after.lost_calls == 0 and result.adopted == 1
 
 
-def _settle(poison_after: int):  # type: ignore[no-untyped-def]
-    from worker.policy.outcomes import settle_lost_call
-
-    return lambda call: settle_lost_call(
-        call.lost_calls, call.crashed_calls, call.last_error, crashed=call.crashed, alone=call.alone,
-        poison_after=poison_after,
-    )
-
-
 def test_each_runs_first_unrecorded_call_counts_as_a_crash_never_attributed_beside_others(store: Store) -> None:
-    """The rest of a run may not have started: lost only. Calls given up at shutdown: lost only. Nothing ran
-    alone, so nothing is poison even at poison_after=1."""
+    """The rest of a run may not have started: lost only. Calls given up at shutdown or returned with their
+    outcome unwritten: lost only. Nothing ran alone, so nothing is poison even at poison_after=1."""
     dead = leaser(store, "dead")
     dead.run_once()
     ran, after = send(store, "h-1"), send(store, "h-1")
-    slot = store.messages_get(ran).slot  # type: ignore[union-attr]
+    slot = slot_of(store, ran)
     single = send(store, hint_in_slot(store, slot, "single-"))  # a run of one, but other lanes were calling
     abandoned = send(store, hint_in_slot(store, slot, "other-"))
-    die_with_marks(store, dead, slot, InFlight(runs=((ran, after), (single,)), abandoned=(abandoned,)))
+    returned, next_one = send(store, hint_in_slot(store, slot, "ret-")), 0
+    next_one = send(store, store.messages_get(returned).hint)  # type: ignore[union-attr]
+    die_with_calls(store, dead, slot, [
+        *run_of(ran, after), *run_of(single), (abandoned, abandoned, "abandoned"),
+        (returned, returned, "returned"), (next_one, returned, "called"),
+    ])
     heir = take_over(store, Metrics(), slot)
-    adoption = store.slot_adopt_lost_calls(heir.fence(slot), _settle(1))  # type: ignore[arg-type]
-    assert sorted(adoption.lost) == sorted([ran, after, single, abandoned]) and adoption.crashed == ()
-    assert adoption.poisoned == (), "poison_after=1, yet nothing ran alone: nobody is blamed"
-    for row_id, crashes in ((ran, 1), (after, 0), (single, 1), (abandoned, 0)):
+    adoption = adopt(store, heir, slot, poison_after=1)
+    assert sorted(adoption.lost) == sorted([ran, after, single, abandoned, returned, next_one])
+    assert adoption.crashed == () and adoption.poisoned == (), "poison_after=1, yet nothing ran alone"
+    crashes = {ran: 1, after: 0, single: 1, abandoned: 0, returned: 0, next_one: 1}
+    for row_id, count in crashes.items():
         message = store.messages_get(row_id)
-        assert message is not None and (message.lost_calls, message.crashed_calls) == (1, crashes)
+        assert message is not None and (message.lost_calls, message.crashed_calls) == (1, count), row_id
         assert message.state is MessageState.READY and message.redelivered
 
 
-def test_marks_in_the_first_revisions_format_are_read_as_one_run(store: Store) -> None:
+def test_adopting_again_counts_nothing_twice_and_never_the_holders_own_calls(store: Store) -> None:
+    """Adoption takes each lost call's row as it counts it: a second adoption (another fetch, another replica)
+    finds nothing of it, and the calls of the term held now are never read."""
     dead = leaser(store, "dead")
     dead.run_once()
-    first, second = send(store, "order-1"), send(store, "order-1")
-    slot = store.messages_get(first).slot  # type: ignore[union-attr]
-    die_with_marks(store, dead, slot, f"[{first}, {second}]")
-    heir = take_over(store, Metrics(), slot)
-    adoption = store.slot_adopt_lost_calls(heir.fence(slot), _settle(1))  # type: ignore[arg-type]
-    assert sorted(adoption.lost) == [first, second] and adoption.crashed == ()
+    lost = send(store, "order-1")
+    slot = slot_of(store, lost)
+    own = send(store, hint_in_slot(store, slot, "own-"))
+    die_with_calls(store, dead, slot, run_of(lost))
+    metrics = Metrics()
+    heir = take_over(store, metrics, slot)
+    fence = heir.fence(slot)
+    assert fence is not None
+    from worker.db.calls import CallMark, MarkRequest
+    marked = store.calls_mark([MarkRequest(slot, fence, (CallMark(own, own),))])  # the heir's own call runs
+    assert marked.marked == {own}
+    first, again = adopt(store, heir, slot), adopt(store, heir, slot)
+    assert first.lost == (lost,) and again.lost == () and again.kept == 0
+    message = store.messages_get(lost)
+    assert message is not None and (message.lost_calls, message.crashed_calls) == (1, 1)
+    mine = store.messages_get(own)
+    assert mine is not None and mine.lost_calls == 0 and in_flight(store) == {own: "called"}
+
+
+def test_a_lost_call_whose_row_a_session_holds_is_counted_once_after_the_lock_and_delivered_again(
+    store: Store, pg_url: str
+) -> None:
+    dead = leaser(store, "dead")
+    dead.run_once()
+    locked, free = send(store, "order-1"), 0
+    slot = slot_of(store, locked)
+    free = send(store, hint_in_slot(store, slot, "free-"))
+    die_with_calls(store, dead, slot, run_of(locked) + run_of(free))
+    metrics = Metrics()
+    heir = take_over(store, metrics, slot)
+    seen: list[tuple[int, bool]] = []
+
+    def handler(message: Message) -> None:
+        seen.append((message.id, message.redelivered))
+
+    settings = Settings(poll={"interval": "PT1S"}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, heir, metrics, heir.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql")) as session:
+        session.execute("SELECT id FROM correlation_message WHERE id = %s FOR UPDATE", (locked,))
+        for _ in range(3):  # fetches while the lock is held: the free one goes, the locked one waits uncounted
+            engine.run_once(timeout=2)
+        assert seen == [(free, True)]
+        assert store.messages_get(locked).lost_calls == 0  # type: ignore[union-attr]
+        assert in_flight(store) == {locked: "called"}, "never fetched while its lost call is not counted"
+        session.rollback()
+    engine.run_once()
+    assert seen == [(free, True), (locked, True)]
+    assert metrics.redeliveries._value.get() == 2 and metrics.lost_calls._value.get() == 2
+    assert in_flight(store) == {}
 
 
 def test_a_message_delivered_again_is_called_with_no_other_call_beside_it_and_marked_so(store: Store) -> None:
     dead = leaser(store, "dead")
     dead.run_once()
     lost = send(store, "lost-1")
-    slot = store.messages_get(lost).slot  # type: ignore[union-attr]
+    slot = slot_of(store, lost)
     others = [send(store, hint_in_slot(store, slot, f"h{n}-")) for n in range(12)]  # more hints than lanes
-    die_with_marks(store, dead, slot, InFlight(runs=((lost,),)))
+    die_with_calls(store, dead, slot, run_of(lost))
     heir = take_over(store, Metrics(), slot)
     guard = threading.Lock()
     running: set[int] = set()
     beside: set[int] = set()  # calls that ran while the lost message's call did
-    marks_during: list[InFlight] = []
+    marks_during: list[dict[int, str]] = []
 
     def handler(message: Message) -> None:
         with guard:
@@ -195,7 +279,7 @@ def test_a_message_delivered_again_is_called_with_no_other_call_beside_it_and_ma
             if lost in running:
                 beside.update(running - {lost})
         if message.id == lost:
-            marks_during.append(InFlight.from_json(in_flight_marks(store).get(slot_lock_name(slot))))
+            marks_during.append(in_flight(store))
         time.sleep(0.05)
         with guard:
             running.discard(message.id)
@@ -206,18 +290,18 @@ def test_a_message_delivered_again_is_called_with_no_other_call_beside_it_and_ma
     result = engine.run_once()
     assert result.correlated == len(others) + 1 and result.adopted == 1
     assert beside == set(), "no other call ran while the message delivered again was being called"
-    assert [m.alone for m in marks_during] == [(lost,)], "its mark says it ran alone"
+    assert marks_during == [{lost: "alone"}], "its mark says it ran alone, and nothing else is marked"
 
 
-def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_written(store: Store) -> None:
-    """Were another call to kill the process while the lone call's outcome still waited to be written, the lone
-    call's mark would remain and the crash would be blamed on it: the gate stays shut until the write."""
+def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_handled(store: Store) -> None:
+    """Were another call to kill the process while the lone call's mark still said alone, the crash would be
+    blamed on it: the gate stays shut until a flush wrote the outcome (or marked the call returned)."""
     dead = leaser(store, "dead")
     dead.run_once()
     lost = send(store, "lost-1")
-    slot = store.messages_get(lost).slot  # type: ignore[union-attr]
+    slot = slot_of(store, lost)
     others = [send(store, hint_in_slot(store, slot, f"h{n}-")) for n in range(4)]
-    die_with_marks(store, dead, slot, InFlight(runs=((lost,),)))
+    die_with_calls(store, dead, slot, run_of(lost))
     heir = take_over(store, Metrics(), slot)
     record = store.messages_record
 
@@ -227,13 +311,9 @@ def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_wr
 
     store.messages_record = slow_record  # type: ignore[method-assign]
     lost_row_at_calls: list[bool] = []
-    marks_at_lone_call: list[InFlight] = []
 
     def handler(message: Message) -> None:
-        if message.id == lost:  # nothing else is marked meanwhile, not even ahead
-            wait_until(lambda: bool(marked_ids(store) - {lost}), seconds=0.3)
-            marks_at_lone_call.extend(InFlight.from_json(marks) for marks in in_flight_marks(store).values())
-        else:
+        if message.id != lost:
             lost_row_at_calls.append(store.messages_get(lost) is not None)
 
     settings = Settings(poll={"interval": "PT1S", "concurrency": 4}, metrics={"enabled": False})
@@ -242,20 +322,44 @@ def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_wr
     result = engine.run_once()
     assert result.correlated == len(others) + 1 and result.adopted == 1
     assert lost_row_at_calls == [False] * len(others), "every other call started after the lone outcome was written"
-    assert marks_at_lone_call == [InFlight(runs=((lost,),), alone=(lost,))]
 
 
-def marked_ids(store: Store) -> set[int]:
-    return {i for marks in in_flight_marks(store).values() for run in InFlight.from_json(marks).runs for i in run}
+def test_a_session_holding_the_row_of_a_message_delivered_again_delays_its_hint_only(
+    store: Store, pg_url: str
+) -> None:
+    """The lone call's outcome waits for the lock; its call is marked returned meanwhile, and the other hints'
+    calls go on at once instead of waiting for the write (its own hint goes on in order behind it)."""
+    dead = leaser(store, "dead")
+    dead.run_once()
+    lost = send(store, "lost-1")
+    slot = slot_of(store, lost)
+    behind = send(store, "lost-1")
+    others = [send(store, hint_in_slot(store, slot, f"h{n}-")) for n in range(4)]
+    die_with_calls(store, dead, slot, run_of(lost))
+    heir = take_over(store, Metrics(), slot)
+    calls: list[int] = []
+    lone_returned = threading.Event()
+    session = psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"))
+    stop_at_teardown(session.close)
 
+    def handler(message: Message) -> None:
+        if message.id == lost:  # another session takes the row while the lone call runs
+            session.execute("SELECT id FROM correlation_message WHERE id = %s FOR UPDATE", (lost,))
+            lone_returned.set()
+        calls.append(message.id)
 
-def wait_until(condition: Any, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
+    settings = Settings(poll={"interval": "PT1S", "concurrency": 4}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, heir, Metrics(), heir.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.start()
+    assert lone_returned.wait(10)
+    assert wait_until(lambda: set(others) <= set(calls)), "the other hints were called while the row stayed locked"
+    assert wait_until(lambda: behind in calls) and calls.index(lost) < calls.index(behind), "its hint, in order"
+    assert wait_until(lambda: in_flight(store) == {lost: "returned"}), "its call is over; its outcome waits"
+    assert store.messages_get(lost) is not None
+    session.rollback()
+    assert wait_until(lambda: store.messages_get(lost) is None)
+    assert calls.count(lost) == 1 and in_flight(store) == {}
 
 
 def test_while_every_lane_calls_the_next_hints_run_is_marked_before_a_lane_is_free(store: Store) -> None:
@@ -263,14 +367,14 @@ def test_while_every_lane_calls_the_next_hints_run_is_marked_before_a_lane_is_fr
     holder = leaser(store, "a")
     holder.run_once()
     first = send(store, "order-1")
-    second = send(store, hint_in_slot(store, store.messages_get(first).slot, "other-"))  # type: ignore[union-attr]
+    second = send(store, hint_in_slot(store, slot_of(store, first), "other-"))
     calls: list[int] = []
     marked_during_call: list[bool] = []
 
     def handler(message: Message) -> None:
         if not calls:  # the one lane calls: the other hint's run is marked meanwhile
             other = second if message.id == first else first
-            marked_during_call.append(wait_until(lambda: other in marked_ids(store)))
+            marked_during_call.append(wait_until(lambda: other in in_flight(store)))
         calls.append(message.id)
 
     settings = Settings(poll={"interval": "PT1S", "concurrency": 1}, metrics={"enabled": False})
@@ -279,7 +383,7 @@ def test_while_every_lane_calls_the_next_hints_run_is_marked_before_a_lane_is_fr
     result = engine.run_once()
     assert marked_during_call == [True]
     assert sorted(calls) == [first, second] and result.correlated == 2
-    assert in_flight_marks(store) == {}
+    assert in_flight(store) == {}
 
 
 def test_a_run_marked_ahead_when_its_replica_dies_is_delivered_again_counted_and_not_blamed(store: Store) -> None:
@@ -288,15 +392,15 @@ def test_a_run_marked_ahead_when_its_replica_dies_is_delivered_again_counted_and
     holder = leaser(store, "dead")
     holder.run_once()
     first = send(store, "order-1")
-    slot = store.messages_get(first).slot  # type: ignore[union-attr]
+    slot = slot_of(store, first)
     second = send(store, hint_in_slot(store, slot, "other-"))
-    at_death: list[str] = []
+    at_death: list[dict[int, str]] = []
     dying, gone = threading.Event(), threading.Event()
 
     def handler(message: Message) -> None:  # the first call hangs: its replica is as good as dead
         other = second if message.id == first else first
-        if wait_until(lambda: other in marked_ids(store)):
-            at_death.extend(in_flight_marks(store).values())
+        if wait_until(lambda: other in in_flight(store)):
+            at_death.append(in_flight(store))
         dying.set()
         gone.wait(30)
 
@@ -306,20 +410,18 @@ def test_a_run_marked_ahead_when_its_replica_dies_is_delivered_again_counted_and
     stop_at_teardown(lambda: zombie.stop(grace=0))
     zombie.start()
     assert dying.wait(10)
-    assert len(at_death) == 1
-    marks = InFlight.from_json(at_death[0])
-    assert sorted(marks.runs) == sorted(((first,), (second,))) and not marks.alone
-    die_with_marks(store, holder, slot, at_death[0])
+    assert at_death == [{first: "called", second: "called"}]
+    die_with_calls(store, holder, slot, [])
     metrics = Metrics()
     heir = take_over(store, metrics, slot)
     calls: list[int] = []
     result = engine_of(store, heir, metrics, calls, poison_after=1).run_once()
     assert sorted(calls) == [first, second] and result.correlated == 2 and result.adopted == 2
     assert metrics.redeliveries._value.get() == 2 and metrics.lost_calls._value.get() == 2
-    assert in_flight_marks(store) == {}
+    assert in_flight(store) == {}
 
 
-def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are_written(store: Store) -> None:
+def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_released(store: Store) -> None:
     holder = leaser(store, "a")
     holder.run_once()
     send(store, "order-1")
@@ -344,7 +446,7 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are
     engine.committer.mark_ahead = mark_then_wait  # type: ignore[method-assign]
     engine.start()
     assert marked.wait(10)
-    assert in_flight_marks(store) != {}
+    assert in_flight(store) != {}
     stopper = threading.Thread(target=engine.stop, kwargs={"grace": 5.0})
     stopper.start()
     deadline = time.monotonic() + 10
@@ -353,7 +455,7 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_the_last_marks_are
     go.set()
     stopper.join(10)
     assert calls == [], "a replica stopping makes no call it had not started"
-    assert in_flight_marks(store) == {}, "the mark of the call not made is gone before the slot is released"
+    assert in_flight(store) == {}, "the mark of the call not made is gone before the slot is released"
 
 
 def test_a_replica_whose_every_lane_is_stuck_keeps_no_run_marked_ahead(store: Store) -> None:
@@ -361,7 +463,7 @@ def test_a_replica_whose_every_lane_is_stuck_keeps_no_run_marked_ahead(store: St
     holder = leaser(store, "a")
     holder.run_once()
     first = send(store, "order-1")
-    second = send(store, hint_in_slot(store, store.messages_get(first).slot, "other-"))  # type: ignore[union-attr]
+    second = send(store, hint_in_slot(store, slot_of(store, first), "other-"))
     release = threading.Event()
     stop_at_teardown(release.set)
     started: list[int] = []
@@ -378,5 +480,76 @@ def test_a_replica_whose_every_lane_is_stuck_keeps_no_run_marked_ahead(store: St
     engine.start()
     assert wait_until(lambda: engine.health() is not None and engine.committer.written == 1)
     assert len(started) == 1 and started[0] in (first, second)
-    assert wait_until(lambda: in_flight_marks(store) == {}), "the other hint's run is not left marked"
-    assert engine.lanes.waiting() == 1
+    assert wait_until(lambda: in_flight(store) == {}), "the other hint's run is not left marked"
+
+
+def test_a_term_taken_again_by_the_same_replica_starts_no_call_of_the_ended_term_and_keeps_the_new_one(
+    store: Store,
+) -> None:
+    """Work fetched under an ended term is not called under the next one; a late write of the ended term never
+    drops the term held now; the call that ran records its outcome (nobody took it over) and nothing is lost."""
+    holder = leaser(store, "a")
+    holder.run_once()
+    first, second = send(store, "order-1"), send(store, "order-1")
+    slot = slot_of(store, first)
+    old = holder.fence(slot)
+    assert old is not None
+    calls: list[tuple[int, bool]] = []
+    in_call, resume = threading.Event(), threading.Event()
+    stop_at_teardown(resume.set)
+
+    def handler(message: Message) -> None:
+        calls.append((message.id, message.redelivered))
+        if message.id == first:
+            in_call.set()
+            resume.wait(10)
+
+    metrics = Metrics()
+    settings = Settings(poll={"interval": "PT1S", "concurrency": 2}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, holder, metrics, holder.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.start()
+    assert in_call.wait(10)
+    with store.engine.begin() as connection:  # the term ends under the running call...
+        connection.execute(text("UPDATE correlation_lock SET lock_until = now() - interval '1 second' "
+                                "WHERE name = :name"), {"name": old.name})
+    holder.run_once()  # ...and this replica takes the slot again: a new term
+    new = holder.fence(slot)
+    assert new is not None and new.fence > old.fence
+    holder.lost(slot, old)  # a late write of the ended term: the term held now stays
+    assert holder.fence(slot) == new
+    resume.set()
+    assert wait_until(lambda: store.messages_get(second) is None, 10)
+    assert [message_id for message_id, _ in calls] == [first, second], "each called once, in order"
+    assert store.messages_get(first) is None and in_flight(store) == {}
+    assert metrics.redeliveries._value.get() == 0 and holder.fence(slot) == new
+
+
+def test_a_message_whose_hint_is_changed_while_its_call_runs_is_not_called_again_meanwhile(store: Store) -> None:
+    holder = leaser(store, "a")
+    holder.run_once()
+    moved = send(store, "order-1")
+    calls: list[int] = []
+    in_call, resume = threading.Event(), threading.Event()
+    stop_at_teardown(resume.set)
+
+    def handler(message: Message) -> None:
+        calls.append(message.id)
+        if len(calls) == 1:
+            in_call.set()
+            resume.wait(10)
+
+    settings = Settings(poll={"interval": "PT0.2S", "concurrency": 4}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, holder, Metrics(), holder.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.start()
+    assert in_call.wait(10)
+    with store.engine.begin() as connection:  # a session moves the message to another hint mid-call
+        connection.execute(text("UPDATE correlation_message SET correlation_hint = 'elsewhere' WHERE id = :id"),
+                           {"id": moved})
+    engine.wake()
+    time.sleep(1.0)  # several polls and fetches of every slot pass: none may call it again
+    assert calls == [moved]
+    resume.set()
+    assert wait_until(lambda: store.messages_get(moved) is None)
+    assert calls == [moved] and in_flight(store) == {}

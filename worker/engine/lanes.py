@@ -195,6 +195,7 @@ class Lanes:
         self._watchdog: threading.Thread | None = None
         self._alone_waiting = 0  # lanes waiting to call a message alone (no lane is admitted meanwhile)
         self._alone: _Lane | None = None  # the lane calling a message alone
+        self._let_go: list[HintWork] = []  # hints given up by the watchdog, their work to report as over
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -699,6 +700,9 @@ class Lanes:
                         and now >= lane.deadline]
                 for lane in late:
                     self._give_up(lane)
+                let_go, self._let_go = self._let_go, []
+            for work in let_go:  # outside the lock: a hint's work ending reaches the engine
+                self.settle(work)
             time.sleep(WATCH_TICK)
 
     def _give_up(self, lane: _Lane) -> None:
@@ -728,8 +732,11 @@ class Lanes:
                 "replaces this one (%d call(s) stuck)", message.id, format_duration(policy.handler_timeout), self._hung,
                 extra=_fields(message),
             )
-        else:  # runs marked ahead would stay marked for nothing: back to the rotation, unmarked
-            self._rotation.extendleft(reversed(self._let_go_ahead(lambda work: True, withdraw=False)))
+        else:  # runs marked ahead would stay marked for nothing (counted lost at a restart): let go, unmarked
+            for dropped in self._let_go_ahead(lambda work: True, withdraw=True):
+                dropped.pending.clear()
+                dropped.again = True
+                self._let_go.append(dropped)
             logger.error(
                 "%d correlator calls are stuck past their timeout: this replica takes no more work; restart it",
                 self._hung,
