@@ -13,9 +13,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from worker.db.calls import FlushOutcome, SlotWrite
+from worker.db.calls import CallMark, FlushOutcome, LostCall, MarkRequest, SlotWrite
 from worker.db.store import Fence, InvalidLockName, LockRow, NewMessage, Store
-from worker.policy.outcomes import Disposition, Kind
+from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, settle_lost_call
 
 LONG = timedelta(minutes=5)
 SHORT = timedelta(milliseconds=200)
@@ -193,9 +193,14 @@ def test_an_old_term_can_neither_renew_nor_release_the_new_one(any_store: Store)
     assert any_store.lock_extend(new, LONG)
 
 
-def record(store: Store, fence: Fence, disposition: Disposition) -> FlushOutcome:
-    """Write one outcome fenced by a lease on slot 0's row (the engine's committer does the same)."""
-    return store.messages_record([SlotWrite(0, fence, (disposition,))])
+def mark(store: Store, fence: Fence, message_id: int, slot: int = 0) -> None:
+    """Mark a call in flight under this term, as a lane has its committer do before the call."""
+    assert store.calls_mark([MarkRequest(slot, fence, (CallMark(message_id, message_id),))]).marked == {message_id}
+
+
+def record(store: Store, fence: Fence, disposition: Disposition, slot: int = 0) -> FlushOutcome:
+    """Write one outcome of a call marked under this term (the engine's committer does the same)."""
+    return store.messages_record([SlotWrite(slot, fence, (disposition,))])
 
 
 def _one_message(store: Store) -> int:
@@ -204,59 +209,88 @@ def _one_message(store: Store) -> int:
     return message_id
 
 
-def test_a_commit_with_the_current_fence_is_written(any_store: Store) -> None:
+def _settle(call: LostCall) -> LostCallOutcome:
+    return settle_lost_call(call.lost_calls, call.crashed_calls, call.last_error, crashed=call.crashed,
+                            alone=call.alone, poison_after=3)
+
+
+def test_the_outcome_of_a_call_marked_under_the_current_term_is_written(any_store: Store) -> None:
     message_id = _one_message(any_store)
     fence = any_store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
+    mark(any_store, fence, message_id)
     outcome = record(any_store, fence, Disposition(message_id, Kind.DELETE, 0))
-    assert outcome.lost == frozenset() and outcome.written == {message_id}
-    assert any_store.messages_get(message_id) is None
+    assert outcome.fenced == frozenset() and outcome.written == {message_id}
+    assert any_store.messages_get(message_id) is None and any_store.calls_in_flight() == []
 
 
-def test_a_commit_with_a_taken_over_fence_is_fenced_off_and_writes_nothing(any_store: Store) -> None:
-    message_id = _one_message(any_store)
-    old = any_store.lock_try_acquire("slot:0", "a", SHORT)
-    assert old is not None
-    wait_past(any_store, row(any_store, "slot:0").lock_until)
-    assert any_store.lock_try_acquire("slot:0", "b", LONG) is not None
-    outcome = record(any_store, old, Disposition(message_id, Kind.DELETE, 0))
-    assert outcome.lost == {0} and not outcome.written
-    assert any_store.messages_get(message_id) is not None
-
-
-def test_a_flush_over_two_slots_writes_the_held_ones_outcomes_and_nothing_of_the_lost_ones(any_store: Store) -> None:
-    """The lease rows are checked after the outcomes are written: a slot found lost rolls the flush back, and
-    it is written again without that slot."""
-    kept_id, lost_id = _one_message(any_store), _one_message(any_store)
-    kept = any_store.lock_try_acquire("slot:0", "a", LONG)
-    old = any_store.lock_try_acquire("slot:1", "a", SHORT)
-    assert kept is not None and old is not None
-    wait_past(any_store, row(any_store, "slot:1").lock_until)
-    assert any_store.lock_try_acquire("slot:1", "b", LONG) is not None
-    outcome = any_store.messages_record([
-        SlotWrite(0, kept, (Disposition(kept_id, Kind.DELETE, 0),)),
-        SlotWrite(1, old, (Disposition(lost_id, Kind.DELETE, 0),)),
-    ])
-    assert outcome.lost == {1} and outcome.written == {kept_id} and 0 in outcome.remaining
-    assert any_store.messages_get(kept_id) is None
-    assert any_store.messages_get(lost_id) is not None
-
-
-def test_a_commit_after_the_term_ended_is_fenced_off_even_if_no_one_took_over(any_store: Store) -> None:
+def test_no_call_is_marked_under_a_term_that_ended(any_store: Store) -> None:
     message_id = _one_message(any_store)
     fence = any_store.lock_try_acquire("slot:0", "a", SHORT)
     assert fence is not None
     wait_past(any_store, row(any_store, "slot:0").lock_until)
-    assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).lost == {0}
-    assert any_store.messages_get(message_id) is not None
+    marked = any_store.calls_mark([MarkRequest(0, fence, (CallMark(message_id, message_id),))])
+    assert marked.marked == frozenset() and fence not in marked.remaining
+    assert any_store.calls_in_flight() == []
 
 
-def test_a_commit_after_release_is_fenced_off(any_store: Store) -> None:
+def test_the_outcome_of_a_call_taken_over_is_fenced_off_and_writes_nothing(any_store: Store) -> None:
+    message_id = _one_message(any_store)
+    old = any_store.lock_try_acquire("slot:0", "a", SHORT)
+    assert old is not None
+    mark(any_store, old, message_id)
+    wait_past(any_store, row(any_store, "slot:0").lock_until)
+    new = any_store.lock_try_acquire("slot:0", "b", LONG)
+    assert new is not None
+    assert any_store.calls_adopt(0, new, _settle).lost == (message_id,)
+    outcome = record(any_store, old, Disposition(message_id, Kind.DELETE, 0))
+    assert outcome.fenced == {message_id} and not outcome.written
+    message = any_store.messages_get(message_id)
+    assert message is not None and message.lost_calls == 1, "delivered again by the new holder, counted once"
+
+
+def test_a_flush_writes_the_outcomes_of_calls_still_marked_and_nothing_of_those_taken_over(any_store: Store) -> None:
+    kept_id, lost_id = _one_message(any_store), _one_message(any_store)
+    kept = any_store.lock_try_acquire("slot:0", "a", LONG)
+    old = any_store.lock_try_acquire("slot:1", "a", SHORT)
+    assert kept is not None and old is not None
+    mark(any_store, kept, kept_id)
+    mark(any_store, old, lost_id, slot=1)
+    wait_past(any_store, row(any_store, "slot:1").lock_until)
+    new = any_store.lock_try_acquire("slot:1", "b", LONG)
+    assert new is not None and any_store.calls_adopt(1, new, _settle).lost == (lost_id,)
+    outcome = any_store.messages_record([
+        SlotWrite(0, kept, (Disposition(kept_id, Kind.DELETE, 0),)),
+        SlotWrite(1, old, (Disposition(lost_id, Kind.DELETE, 0),)),
+    ])
+    assert outcome.fenced == {lost_id} and outcome.written == {kept_id}
+    assert any_store.messages_get(kept_id) is None
+    assert any_store.messages_get(lost_id) is not None
+
+
+def test_the_outcome_of_a_call_is_written_after_its_term_ended_while_no_one_took_the_call_over(
+    any_store: Store,
+) -> None:
+    """The call was made and nobody delivered it again: recording its outcome is the truth, and it spares a
+    redelivery. Once a successor adopts the call instead, the late outcome is fenced off (above)."""
+    for end in ("expired", "released"):
+        message_id = _one_message(any_store)
+        fence = any_store.lock_try_acquire("slot:0", "a", SHORT if end == "expired" else LONG)
+        assert fence is not None
+        mark(any_store, fence, message_id)
+        if end == "expired":
+            wait_past(any_store, row(any_store, "slot:0").lock_until)
+        else:
+            assert any_store.lock_release(fence)
+        assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).written == {message_id}
+        assert any_store.messages_get(message_id) is None
+
+
+def test_an_outcome_of_a_call_never_marked_is_not_written_under_a_term(any_store: Store) -> None:
     message_id = _one_message(any_store)
     fence = any_store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
-    assert any_store.lock_release(fence)
-    assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).lost == {0}
+    assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).fenced == {message_id}
     assert any_store.messages_get(message_id) is not None
 
 

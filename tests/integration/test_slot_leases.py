@@ -163,7 +163,7 @@ def test_a_frozen_leaser_loses_its_slots_after_the_lease_and_its_commit_is_fence
     assert live.fences(slot)[0].fence == old_fences[0].fence + 1
     (stale,) = frozen.fences(slot)
     written = store.messages_record([SlotWrite(slot, stale, (Disposition(message_id, Kind.DELETE, 0),))])
-    assert written.lost == {slot} and not written.written
+    assert written.fenced == {message_id} and not written.written  # no call of it is marked under that term
     assert store.messages_get(message_id) is not None
 
     thawed = frozen.run_once()  # waking up, it finds every term lost and joins again with no slot

@@ -328,7 +328,10 @@ def test_a_fetch_costs_what_it_returns_not_the_held_back_rows(store: Store, mode
         sql = _batches_statement("postgresql", mode).text
         params = {"hints": hints, "horizon": 2**62, "per_hint": 100, "limit": 100}
         batches = _explain(store, sql, params, generic)
-        assert not any(n["Node Type"] == "Seq Scan" for n in batches)
+        # correlation_call holds only the calls in flight (a few per lane): scanning it is no scan of the table
+        assert not any(
+            n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "correlation_call" for n in batches
+        )
         assert _touched(batches) < 5_000, f"slot {slot}: reading batches touched {_touched(batches)} rows"
 
 

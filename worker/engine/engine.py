@@ -622,13 +622,13 @@ class Engine:
             if self._busy.get(work.hint) is work:
                 del self._busy[work.hint]
             state = self._slots.get(work.slot)
-            if state is not None and work.again:  # a fetch passed the hint over meanwhile
+            resting = not work.stopped and work.cut and self.settings.policy.batch_size != -1
+            if state is None:
+                pass
+            elif resting:  # N per poll: the hint rests until the next one
+                self._resting[work.hint] = now + self.interval
+                state.want(now + self.interval)
+            elif work.again or (work.cut and not work.stopped):  # more of it, or a fetch passed it over meanwhile
                 state.want(now)
-            elif state is not None and not work.stopped and work.cut:
-                if self.settings.policy.batch_size != -1:  # N per poll: the hint rests until the next one
-                    self._resting[work.hint] = now + self.interval
-                    state.want(now + self.interval)
-                else:
-                    state.want(now)
             self._cond.notify_all()
 
