@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS acceptance_call (
     started_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
     ended_at         timestamptz,
     outcome          text,
-    replica          text
+    replica          text,
+    redelivered      boolean NOT NULL DEFAULT false
 )
 """
 
@@ -75,6 +76,7 @@ class Call:
     ended_at: datetime | None
     outcome: str | None
     replica: str | None = None  # the worker's CORRELATION_REPLICA__NAME
+    redelivered: bool = False  # the message said an earlier call of it may have been made
 
 
 class _Journal(Protocol):
@@ -101,11 +103,12 @@ class _TableJournal:
     def start(self, message: Message, seq: int | None) -> str:
         statement = (
             "INSERT INTO acceptance_call"
-            " (message_row_id, message_name, hint, seq, attempt, reschedule_count, replica)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id"
+            " (message_row_id, message_name, hint, seq, attempt, reschedule_count, replica, redelivered)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
         )
         values = (
-            message.id, message.name, message.hint, seq, message.attempt, message.reschedule_count, _replica()
+            message.id, message.name, message.hint, seq, message.attempt, message.reschedule_count, _replica(),
+            message.redelivered,
         )
         row = self._connection().execute(statement, values).fetchone()
         assert row is not None
@@ -148,6 +151,7 @@ class _FileJournal:
                 "attempt": message.attempt,
                 "reschedule_count": message.reschedule_count,
                 "replica": _replica(),
+                "redelivered": message.redelivered,
                 "at": time.time(),
             }
         )
@@ -238,7 +242,7 @@ def calls_from_table(connection: psycopg.Connection[Any]) -> list[Call]:
     """Every call in ``acceptance_call``, in the order they started."""
     rows = connection.execute(
         "SELECT message_row_id, message_name, hint, seq, attempt, reschedule_count, started_at, ended_at,"
-        " outcome, replica FROM acceptance_call ORDER BY id"
+        " outcome, replica, redelivered FROM acceptance_call ORDER BY id"
     ).fetchall()
     return [Call(*row) for row in rows]
 
@@ -270,6 +274,7 @@ def calls_from_file(path: str) -> list[Call]:
                 ended_at=None if end is None else datetime.fromtimestamp(end["at"], UTC),
                 outcome=None if end is None else end["outcome"],
                 replica=start.get("replica"),
+                redelivered=bool(start.get("redelivered")),
             )
         )
     return calls
