@@ -209,14 +209,9 @@ def test_replicas_killed_mid_drain_lose_nothing_and_only_their_unrecorded_calls_
     for number in range(kills):
         time.sleep(1.0)  # pacing only
         assert remaining(pg_db) > 0, f"the table drained before kill {number + 1}: make the workload bigger"
-        # Prefer a replica with a page in flight (an in-flight mark on one of its slots): that is the case
-        # which makes redeliveries.
-        busy = {
-            row["locked_by"]
-            for row in pg_db.execute(
-                "SELECT locked_by FROM correlation_lock WHERE name LIKE 'slot:%%' AND in_flight IS NOT NULL"
-            )
-        }
+        # Prefer a replica with calls in flight (rows of correlation_call): that is the case which makes
+        # redeliveries.
+        busy = {row["holder"] for row in pg_db.execute("SELECT DISTINCT holder FROM correlation_call")}
         victim = next((replica for replica in alive if replica.holder() in busy), alive[number % len(alive)])
         killed_at[victim.name] = kill(pg_db, victim)
         alive.remove(victim)
@@ -241,7 +236,7 @@ def test_replicas_killed_mid_drain_lose_nothing_and_only_their_unrecorded_calls_
     assert sum(counted.values()) >= sum(delivered_again.values()), (counted, delivered_again)
     for name in survivors:
         assert counted[name] >= delivered_again[name], (name, counted, delivered_again)
-    # A killed replica had at most one page in flight (its in-flight mark), and nothing else is redelivered.
+    # A killed replica had at most one page in flight (its calls marked), and nothing else is redelivered.
     assert sum(counted.values()) <= kills * PAGE_SIZE
     assert len(again) <= kills * PAGE_SIZE
 
@@ -285,7 +280,7 @@ def test_a_replica_frozen_past_its_lease_writes_nothing_when_it_resumes(
         lambda: frozen.metric(FENCED_COMMITS) >= 1, what="the resumed replica's commit fenced off", workers=[frozen]
     )
     wait_until(lambda: "lost the lease of slots" in frozen.log(), what="the lease loss logged", workers=[frozen])
-    assert f"slot {slot}: lease lost; its outcomes were not written" in frozen.log()
+    assert f"slot {slot}: its calls were taken over by its next holder; their outcomes were not written" in frozen.log()
 
     assert pg_db.messages() == settled  # still the new owner's: nothing resurrected or overwritten
     [row] = settled

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import psycopg
-from harness import Database, StartWorker, run_cli, wait_until
-from test_cluster import FAST_LEASES, by_message, kill
+from harness import Database, StartReplicas, StartWorker, run_cli, wait_until
+from test_cluster import FAST_LEASES, assert_every_seq_called_in_order, by_message, insert_messages, kill
 
 REDELIVERIES = "correlation_redeliveries_total"
 LOST_CALLS = "correlation_lost_calls_total"
@@ -103,4 +103,43 @@ def test_after_a_pause_returns_no_call_of_it_starts_and_its_fetched_work_waits_i
                workers=[worker])
     seqs = [call.seq for call in pg_db.calls_of(*paused)]
     assert seqs == list(range(40)), "each called once, in order, across the pause"
+    assert in_flight(pg_db) == {}
+
+
+def test_under_a_storm_of_kills_every_poison_message_ends_dead_and_every_other_message_is_correlated(
+    pg_db: Database, start_replicas: StartReplicas
+) -> None:
+    """Poison messages (their calls end the process) among busy hints, and replicas SIGKILLed and replaced every
+    two seconds besides: only the poison messages are dead, each after exactly poison_after crashes."""
+    settings = {**FAST_LEASES, "policy__poison_after": "3", "poll__concurrency": "4"}
+    poison = [pg_db.insert("order.step", f"poison-{n}", {"seq": 0, "exit_process": True}) for n in range(2)]
+    insert_messages(pg_db, 60, 5, sleep_seconds=0.01)
+    alive = start_replicas(pg_db, 2, **settings)
+    storm_ends = time.monotonic() + 8
+    while time.monotonic() < storm_ends or len(alive) < 2:
+        for replica in [replica for replica in alive if not replica.running()]:  # a poison message's doing
+            replica.killed = True
+            alive.remove(replica)
+        if time.monotonic() < storm_ends and alive:
+            kill(pg_db, alive.pop(0))
+        alive += start_replicas(pg_db, 2 - len(alive), **settings)
+        time.sleep(2.0)  # pacing of the storm
+    dead = {message: pg_db.message(message) for message in poison}
+
+    def settled() -> bool:
+        for replica in [replica for replica in alive if not replica.running()]:
+            replica.killed = True
+            alive.remove(replica)
+            alive.extend(start_replicas(pg_db, 1, **settings))
+        rows = pg_db.execute("SELECT id, state FROM correlation_message")
+        dead.update({row["id"]: row for row in rows if row["id"] in poison})
+        return all(row["state"] == "dead" for row in rows) and len(rows) == len(poison)
+
+    wait_until(settled, 90, "every poison message dead and every other message correlated", workers=alive)
+    for message in poison:
+        row = pg_db.message(message)
+        assert row is not None and row["state"] == "dead" and row["crashed_calls"] == 3, row
+        assert "poison" in (row["last_error"] or "")
+    calls = pg_db.calls()
+    assert_every_seq_called_in_order([call for call in calls if call.message_row_id not in poison], 60, 5)
     assert in_flight(pg_db) == {}

@@ -113,6 +113,17 @@ def test_slot_is_a_stable_function_of_the_hint_on_postgresql(store: Store) -> No
     assert all(0 <= row.slot < 64 for row in slots)
 
 
+def test_a_slot_other_than_0_is_refused_on_sqlite_where_one_replica_owns_every_message(
+    any_store: Store, conn: Connection
+) -> None:
+    if any_store.dialect != "sqlite":
+        pytest.skip("on PostgreSQL the slot is generated from the hint")
+    rejected(conn, "correlation_message_slot_is_0", columns=", slot", values=", 3")
+    insert(conn, columns=", slot", values=", 0")
+    with pytest.raises(IntegrityError, match="correlation_message_slot_is_0"), conn.begin():
+        conn.execute(text("UPDATE correlation_message SET slot = 1"))
+
+
 def test_infinite_or_unreadable_times_are_rejected(any_store: Store, conn: Connection) -> None:
     rejected(conn, columns=", expires_at", values=", 'infinity'")
     if any_store.dialect == "postgresql":

@@ -428,6 +428,7 @@ class Lanes:
         if alone is None:  # stopping
             work.pending.extendleft(reversed(run))
             return
+        lane.handed = None
         try:
             self._serve_run(lane, work, run, alone)
             if wants_alone:
