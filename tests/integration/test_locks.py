@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from worker.db.calls import CallMark, FlushOutcome, LostCall, MarkRequest, SlotWrite
+from worker.db.calls import FlushOutcome, LostCall, MarkRequest, SlotWrite
 from worker.db.store import Fence, InvalidLockName, LockRow, NewMessage, Store
 from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, settle_lost_call
 
@@ -195,7 +195,7 @@ def test_an_old_term_can_neither_renew_nor_release_the_new_one(any_store: Store)
 
 def mark(store: Store, fence: Fence, message_id: int, slot: int = 0) -> None:
     """Mark a call in flight under this term, as a lane has its committer do before the call."""
-    assert store.calls_mark([MarkRequest(slot, fence, (CallMark(message_id, message_id),))]).marked == {message_id}
+    assert store.calls_mark([MarkRequest(slot, fence, (message_id,))]).marked == {message_id}
 
 
 def record(store: Store, fence: Fence, disposition: Disposition, slot: int = 0) -> FlushOutcome:
@@ -229,7 +229,7 @@ def test_no_call_is_marked_under_a_term_that_ended(any_store: Store) -> None:
     fence = any_store.lock_try_acquire("slot:0", "a", SHORT)
     assert fence is not None
     wait_past(any_store, row(any_store, "slot:0").lock_until)
-    marked = any_store.calls_mark([MarkRequest(0, fence, (CallMark(message_id, message_id),))])
+    marked = any_store.calls_mark([MarkRequest(0, fence, (message_id,))])
     assert marked.marked == frozenset() and fence not in marked.remaining
     assert any_store.calls_in_flight() == []
 

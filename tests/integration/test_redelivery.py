@@ -216,8 +216,8 @@ def test_adopting_again_counts_nothing_twice_and_never_the_holders_own_calls(sto
     heir = take_over(store, metrics, slot)
     fence = heir.fence(slot)
     assert fence is not None
-    from worker.db.calls import CallMark, MarkRequest
-    marked = store.calls_mark([MarkRequest(slot, fence, (CallMark(own, own),))])  # the heir's own call runs
+    from worker.db.calls import MarkRequest
+    marked = store.calls_mark([MarkRequest(slot, fence, (own,))])  # the heir's own call runs
     assert marked.marked == {own}
     first, again = adopt(store, heir, slot), adopt(store, heir, slot)
     assert first.lost == (lost,) and again.lost == () and again.kept == 0

@@ -320,7 +320,8 @@ def test_a_fetch_costs_what_it_returns_not_the_held_back_rows(store: Store, mode
     slots = {0, 7, 63} | {_slot(store, f"behind-{state}") for state in ("dead", "paused", "ready")}
     for slot in sorted(slots):
         candidates = _explain(
-            store, _candidates_sql("postgresql", False).text, {"slot": slot, "after": "", "budget": 100}, generic
+            store, _candidates_sql("postgresql", False).text, {"slot": slot, "after": "", "budget": 100, "skip": []},
+            generic,
         )
         assert not any(n["Node Type"] == "Seq Scan" for n in candidates), "the fetch must not scan the table"
         assert _touched(candidates) < 1_000, f"slot {slot}: finding candidates touched {_touched(candidates)} rows"

@@ -39,22 +39,14 @@ from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, storable_
 
 
 @dataclass(frozen=True, slots=True)
-class CallMark:
-    """One call to mark before it starts: its message, the first message of its run, and whether it runs alone
-    in its replica (no other call beside it: a crash meanwhile is its doing)."""
-
-    message_id: int
-    run_head: int
-    alone: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class MarkRequest:
-    """Calls to mark under one lease term."""
+    """One run of calls to mark under a lease term, before they start: their messages in call order, and
+    whether they run alone in their replica (no other call beside them: a crash meanwhile is their doing)."""
 
     slot: int
     fence: Fence
-    calls: tuple[CallMark, ...]
+    ids: tuple[int, ...]
+    alone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +107,13 @@ class Adoption:
 # -- statements -------------------------------------------------------------------------------------------------
 
 # Mark calls under the terms that still run, in one statement committed without waiting for the disk (a mark lost
-# in a database crash costs the count of one redelivery); the lease rows are share-locked until the commit, so a
-# term cannot end (and its calls be adopted) between the check and the insert. A message no longer ready
+# in a database crash costs the count of one redelivery). A mark that read its term as running just before the
+# term ended can commit after the next holder adopted the slot: its call never starts (the lane stops at its own
+# deadline, a safety margin before the term can end), and the holder's next adoption sweep counts it. A message
+# no longer ready
 # (paused, deleted, made dead) or in flight under another term is not marked; marking a call of the same term
-# again (a run put back in the rotation and taken up again) keeps its row.
+# again (a run put back in the rotation and taken up again) keeps its row. It answers the terms still running
+# and the calls *not* marked (usually none: the answer stays small however many calls are marked).
 _MARK_PG = text(
     """
     WITH fast AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
@@ -129,7 +124,6 @@ _MARK_PG = text(
                AS t(name, holder, fence) ON l.name = t.name AND l.locked_by = t.holder AND l.fence = t.fence
          CROSS JOIN fast
          WHERE l.lock_until > now()
-           FOR SHARE OF l
     ), marked AS (
         INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
         SELECT v.id, v.slot, v.fence, v.holder, v.head, v.state
@@ -145,7 +139,8 @@ _MARK_PG = text(
     )
     SELECT name, fence, remaining, NULL::bigint AS id FROM terms
     UNION ALL
-    SELECT NULL, NULL, NULL, message_id FROM marked
+    SELECT NULL, NULL, NULL, v.id FROM unnest(CAST(:ids AS bigint[])) AS v(id)
+     WHERE v.id NOT IN (SELECT message_id FROM marked)
     """
 )
 
@@ -170,7 +165,8 @@ _MARK_SQLITE = text(
 # The outcomes of calls still marked under their term, in one statement: lock those call rows (a concurrent
 # adoption of one waits, then finds it gone), lock their message rows skipping those another session holds, then
 # delete the successes, record the rest, and take the call rows out; a call whose message row is held elsewhere
-# keeps its row, marked returned, for a later flush. A message an operator paused meanwhile stays paused.
+# keeps its row, marked returned, for a later flush. A message an operator paused meanwhile stays paused. It
+# answers only the exceptions (fenced, gone, deferred): every other outcome was written.
 _RECORD_CALLS_PG = text(
     """
     WITH v AS (
@@ -208,10 +204,9 @@ _RECORD_CALLS_PG = text(
          WHERE c.message_id IN (SELECT id FROM present) AND c.message_id NOT IN (SELECT id FROM locked)
         RETURNING c.message_id
     )
-    SELECT 'c' AS kind, id FROM calls
-    UNION ALL SELECT 'p', id FROM present
-    UNION ALL SELECT 'w', id FROM deleted
-    UNION ALL SELECT 'w', id FROM updated
+    SELECT 'f' AS kind, v.id FROM v WHERE v.id NOT IN (SELECT id FROM calls)
+    UNION ALL SELECT 'g', id FROM calls WHERE id NOT IN (SELECT id FROM present)
+    UNION ALL SELECT 'd', id FROM present WHERE id NOT IN (SELECT id FROM locked)
     """
 )
 
@@ -340,7 +335,7 @@ class CallStatements(LockStatements):
         Only under a term that still runs (the others are missing from ``remaining``), and only messages still
         ready and not in flight already (the others are missing from ``marked``: they must not be called).
         """
-        requests = [r for r in requests if r.calls]
+        requests = [r for r in requests if r.ids]
         if not requests:
             return Marked()
         if self.dialect == "postgresql":
@@ -356,23 +351,23 @@ class CallStatements(LockStatements):
             "ids": [], "slots": [], "fences": [], "holders": [], "heads": [], "states": [],
         }
         for request in requests:
-            for call in request.calls:
-                params["ids"].append(call.message_id)
-                params["slots"].append(request.slot)
-                params["fences"].append(request.fence.fence)
-                params["holders"].append(request.fence.holder)
-                params["heads"].append(call.run_head)
-                params["states"].append("alone" if call.alone else "called")
+            count = len(request.ids)
+            params["ids"] += request.ids
+            params["slots"] += [request.slot] * count
+            params["fences"] += [request.fence.fence] * count
+            params["holders"] += [request.fence.holder] * count
+            params["heads"] += [request.ids[0]] * count
+            params["states"] += ["alone" if request.alone else "called"] * count
         try:
             with self._autocommit.connect() as connection:
                 rows = connection.execute(_MARK_PG, params).all()
         except DBAPIError as error:
             raise (translate(error) or error) from error
         by_term = {(fence.name, fence.fence): fence for fence in terms}
-        remaining = {
-            by_term[(row.name, row.fence)]: float(row.remaining) for row in rows if row.name is not None
-        }
-        return Marked(frozenset(int(row.id) for row in rows if row.id is not None), remaining)
+        remaining = {by_term[(row[0], row[1])]: float(row[2]) for row in rows if row[0] is not None}
+        refused = {row[3] for row in rows if row[3] is not None}
+        marked = frozenset(i for r in requests if r.fence in remaining for i in r.ids if i not in refused)
+        return Marked(marked, remaining)
 
     def _mark_sqlite(self, connection: Connection, requests: Sequence[MarkRequest]) -> Marked:
         marked: set[int] = set()
@@ -385,13 +380,13 @@ class CallStatements(LockStatements):
             if row is None:
                 continue
             remaining[fence] = float(row.remaining)
-            for call in request.calls:
+            for message_id in request.ids:
                 params = {
-                    "id": call.message_id, "slot": request.slot, "fence": fence.fence, "holder": fence.holder,
-                    "head": call.run_head, "state": "alone" if call.alone else "called",
+                    "id": message_id, "slot": request.slot, "fence": fence.fence, "holder": fence.holder,
+                    "head": request.ids[0], "state": "alone" if request.alone else "called",
                 }
                 if connection.execute(_MARK_SQLITE, params).rowcount:
-                    marked.add(call.message_id)
+                    marked.add(message_id)
         return Marked(frozenset(marked), remaining)
 
     # -- outcomes ---------------------------------------------------------------------------------------------
@@ -449,19 +444,15 @@ class CallStatements(LockStatements):
             params["errors"].append(d.last_error)
             params["dead"].append(d.kind is Kind.DEAD)
         rows = connection.execute(_RECORD_CALLS_PG, params).all()
-        calls = {row.id for row in rows if row.kind == "c"}
-        present = {row.id for row in rows if row.kind == "p"}
-        written = {row.id for row in rows if row.kind == "w"}
-        for _, d in fenced:
-            i = d.message_id
-            if i in written:
-                result.written.add(i)
-            elif i not in calls:
-                result.fenced.add(i)
-            elif i not in present:
-                result.gone.add(i)
-            else:
-                result.deferred.add(i)
+        kinds = {"f": result.fenced, "g": result.gone, "d": result.deferred}
+        for kind, message_id in rows:
+            if kind in kinds:
+                kinds[kind].add(message_id)
+        result.written.update(
+            d.message_id for _, d in fenced
+            if d.message_id not in result.fenced and d.message_id not in result.gone
+            and d.message_id not in result.deferred
+        )
 
     def _record_loose_together(self, connection: Connection, loose: Sequence[Disposition], result: _Result) -> None:
         updates = [d for d in loose if d.kind is not Kind.DELETE]

@@ -17,6 +17,7 @@ decode, say) comes back as an :class:`Unreadable` so that the engine dead-letter
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -86,9 +87,12 @@ def _now_sql(dialect: str) -> str:
 
 
 def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
-    """A slot's hints with fresh messages after :after (before it, with ``wrap``), hints with due messages,
+    """A slot's hints with fresh messages after :after (before it, with ``wrap``), hints with due messages
+    (neither of them among :skip, the hints this replica is busy with: the budget is for hints it can take),
     the next due time and the clock."""
     now = _now_sql(dialect)
+    pg = dialect == "postgresql"
+    kept = "<> ALL(CAST(:skip AS text[]))" if pg else "NOT IN (SELECT value FROM json_each(:skip))"
     no_time = "CAST(NULL AS timestamptz)" if dialect == "postgresql" else "NULL"
     fresh = "m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NULL"
     bound = "AND m.correlation_hint <= :after" if wrap else ""
@@ -106,12 +110,12 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
               FROM fresh WHERE fresh.hint IS NOT NULL
         )
         SELECT 'f' AS kind, hint, {no_time} AS due FROM (
-            SELECT hint FROM fresh WHERE hint IS NOT NULL LIMIT :budget) AS f
+            SELECT hint FROM fresh WHERE hint IS NOT NULL AND hint {kept} LIMIT :budget) AS f
         UNION ALL
         SELECT 'd', hint, {no_time} FROM (
             SELECT m.correlation_hint AS hint FROM correlation_message m
              WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NOT NULL
-               AND m.next_attempt_at <= {now}
+               AND m.next_attempt_at <= {now} AND m.correlation_hint {kept}
              ORDER BY m.next_attempt_at LIMIT :budget) AS d
         UNION ALL
         SELECT 'n', NULL, (SELECT min(m.next_attempt_at) FROM correlation_message m
@@ -214,10 +218,10 @@ _PARK = text(
 class FetchStatements(StoreBase):
     """The engine's reads of a slot's work (and the writes that put unreadable or paused rows aside)."""
 
-    def messages_candidates(self, slot: int, after: str, budget: int) -> Candidates:
+    def messages_candidates(self, slot: int, after: str, budget: int, skip: Sequence[str] = ()) -> Candidates:
         """A slot's hints that may have work: up to ``budget`` with fresh messages after ``after`` (wrapping
         round to the start), up to ``budget`` with due delayed messages, and the slot's next due time."""
-        return self._run(lambda c: self._candidates(c, slot, after, budget))
+        return self._run(lambda c: self._candidates(c, slot, after, budget, skip))
 
     def order_horizon(self) -> HorizonReading | None:
         """The sequence's last id and the registered producer transactions; None where order needs no
@@ -243,10 +247,11 @@ class FetchStatements(StoreBase):
         per_hint: int,
         limit: int,
         mode: Mode,
+        skip: Sequence[str] = (),
     ) -> tuple[Candidates, Fetched]:
         """A slot's fetch: its candidate hints, the hints ``choose`` takes of them, then the commit-order horizon
         (``horizon`` decides, reading it through the function it is given when it needs a fresh reading) and
-        those hints' batches below it.
+        those hints' batches below it. ``skip``: hints this replica is busy with (not candidates).
 
         The batches must be read from a snapshot taken after ``choose`` ran (which looks at what this replica
         is still busy with): on PostgreSQL every statement of a READ COMMITTED transaction takes a new one, so
@@ -260,26 +265,29 @@ class FetchStatements(StoreBase):
             return self._batches(connection, hints, limit_id, per_hint, limit, mode, candidates.now)
 
         if self.dialect == "sqlite":
-            candidates = self._run(lambda c: self._candidates(c, slot, after, budget))
+            candidates = self._run(lambda c: self._candidates(c, slot, after, budget, skip))
             hints = choose(candidates)
             return candidates, self._run(lambda c: batches(c, candidates, hints))
 
         def work(connection: Connection) -> tuple[Candidates, Fetched]:
-            candidates = self._candidates(connection, slot, after, budget)
+            candidates = self._candidates(connection, slot, after, budget, skip)
             return candidates, batches(connection, candidates, choose(candidates))
 
         return self._run(work)
 
-    def _candidates(self, connection: Connection, slot: int, after: str, budget: int) -> Candidates:
+    def _candidates(
+        self, connection: Connection, slot: int, after: str, budget: int, skip: Sequence[str] = ()
+    ) -> Candidates:
+        busy: object = list(skip) if self.dialect == "postgresql" else json.dumps(list(skip))
         rows = connection.execute(
             _statement(self.dialect, "candidates", False, lambda: _candidates_sql(self.dialect, False)),
-            {"slot": slot, "after": after, "budget": budget},
+            {"slot": slot, "after": after, "budget": budget, "skip": busy},
         ).all()
         fresh = [row.hint for row in rows if row.kind == "f"]
         if len(fresh) < budget and after:
             more = connection.execute(
                 _statement(self.dialect, "candidates", True, lambda: _candidates_sql(self.dialect, True)),
-                {"slot": slot, "after": after, "budget": budget - len(fresh)},
+                {"slot": slot, "after": after, "budget": budget - len(fresh), "skip": busy},
             ).all()
             fresh += [row.hint for row in more if row.kind == "f" and row.hint not in fresh]
         due = tuple(dict.fromkeys(row.hint for row in rows if row.kind == "d"))

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from worker.db.base import Fence
-from worker.db.calls import CallMark, FlushOutcome, MarkRequest, SlotWrite
+from worker.db.calls import FlushOutcome, MarkRequest, SlotWrite
 from worker.db.errors import StoreError
 from worker.db.store import Store
 from worker.message import Message
@@ -67,7 +67,8 @@ class MarkTicket:
     committer: Committer | None
     slot: int
     fence: Fence | None
-    calls: Sequence[CallMark]
+    calls: tuple[int, ...]  # the messages, in call order
+    alone: bool = False
     asked: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     remaining: float | None = None
@@ -86,9 +87,9 @@ class MarkTicket:
         self.done.wait()
         return self.remaining
 
-    def ids(self) -> list[int]:
+    def ids(self) -> tuple[int, ...]:
         """The messages the calls are for, in call order."""
-        return [call.message_id for call in self.calls]
+        return self.calls
 
 
 @dataclass(eq=False)
@@ -150,11 +151,9 @@ class Committer:
 
         ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs).
         """
-        head = ids[0] if ids else 0
-        calls = [CallMark(message_id, head, alone) for message_id in ids]
-        ticket = MarkTicket(self, slot, fence, calls, self._monotonic())
+        ticket = MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic())
         if fence is None:  # no lease, nothing to tell a successor: the calls may start at once
-            ticket.answer(float("inf"), frozenset(ids), ticket.asked)
+            ticket.answer(float("inf"), frozenset(ticket.calls), ticket.asked)
             return ticket
         with self._cond:
             if self._stopping:
@@ -193,7 +192,7 @@ class Committer:
                     for message_id in request.ids():
                         if request.fence is not None:
                             self._in_flight[message_id] = request.fence
-            writes = [MarkRequest(r.slot, r.fence, tuple(r.calls)) for r in requests if r.fence is not None]
+            writes = [MarkRequest(r.slot, r.fence, r.calls, r.alone) for r in requests if r.fence is not None]
             try:
                 result = self.store.calls_mark(writes)
             except Exception as error:  # the calls are not made: their hints are left for later
@@ -211,7 +210,7 @@ class Committer:
                 for request in requests:
                     assert request.fence is not None
                     remaining = result.remaining.get(request.fence)
-                    marked = frozenset(i for i in request.ids() if i in result.marked)
+                    marked = frozenset(i for i in request.calls if i in result.marked)
                     if remaining is None:
                         lost.add((request.slot, request.fence))
                         marked = frozenset()

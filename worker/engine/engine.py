@@ -15,17 +15,18 @@ across all of them, outcomes written by a committer while the lanes move on.
                  a hint's work is over once its outcomes are written  ◄──────┘
                  (its slot is fetched again at once if it had more)
 
-A hint is *busy* from its fetch until its last outcome is written; busy hints are left out of fetches, so
-a message is never handed out twice and a hint never has two calls at once; a fetch that passes a busy hint
-over has its slot fetched again as soon as that hint's work is over, so a message inserted meanwhile is called
-right after the one before it, not at the next poll. A batch also ends before any message with a call in
-flight (a row in ``correlation_call``: this replica's, another's, or one of an ended term not adopted yet,
-its row locked by another session), whatever a session changed on the row. With ``batch_size`` N a hint
-that took N messages rests until the next poll interval (targets that need time between two messages).
-A durable pause of everything stops fetching; one of a hint leaves the hint out; one of a message name ends
-each batch before such a message and pauses it (it then holds back its hint's later messages, like any
-paused message) until the pause is lifted. Lanes look at the same pauses before every call, so fetched
-work stops too; the pauses are read again at once when a replica is told they changed, else every second.
+A hint is *busy* from its fetch until its last outcome is written; busy hints are left out of fetches (the
+candidates are read past them), so a message is never handed out twice and a hint never has two calls at once;
+when a wake-up says messages arrived in a slot while a hint of it was busy, the slot is fetched again as soon as
+that hint's work is over, so a message inserted meanwhile is called right after the one before it, not at the
+next poll. A batch also ends before any message with a call in flight (a row in ``correlation_call``: this
+replica's, another's, or one of an ended term not adopted yet, its row locked by another session), whatever a
+session changed on the row. With ``batch_size`` N a hint that took N messages rests until the next poll
+interval (targets that need time between two messages). A durable pause of everything stops fetching; one of a
+hint leaves the hint out; one of a message name ends each batch before such a message and pauses it (it then
+holds back its hint's later messages, like any paused message) until the pause is lifted. Lanes look at the
+same pauses before every call, so fetched work stops too; the pauses are read again at once when a replica is
+told they changed, else every second.
 
 :meth:`Engine.run_once` drives the same parts until nothing eligible is left now (for tests and embedding);
 :meth:`Engine.start` runs them continuously.
@@ -61,10 +62,14 @@ from worker.service.metrics import Metrics
 logger = logging.getLogger(__name__)
 
 FETCHERS = 2  # threads fetching slots (one slot by one fetcher at a time): database round trips overlap
-MARKERS = 1  # threads writing marks of calls in flight
+MARKERS = 2  # threads writing marks of calls in flight (each a statement of many lanes' runs)
 HORIZON_REUSE = 0.002  # seconds a horizon reading serves later fetches (it stays valid, only conservative)
 HELD_RETRY = 0.05  # seconds before a slot held back by the horizon is fetched again
 ADOPT_RETRY = 0.25  # seconds before a slot with lost calls left unadopted (rows locked elsewhere) is tried again
+# Calls of an ended term are adopted when the slot is taken, and looked for again once a poll (at least this
+# often): a mark whose statement read the term as running just before it ended, and committed just after the
+# next holder's adoption, is found by the next sweep (its call never started: the lane's own deadline passed).
+ADOPT_SWEEP = 5.0
 PAUSES_REUSE = 1.0  # seconds the list of durable pauses is reused
 STALL_AFTER = 60.0  # seconds without progress after which a held slot counts as stalled (at least 3 polls)
 ERROR_FIRST, ERROR_MAX = 0.5, 10.0  # backoff of a slot whose fetch failed
@@ -137,12 +142,14 @@ class _Slot:
     slot: int
     fence: Fence | None
     adopted: bool
+    adopt_again_at: float = 0.0  # monotonic: when to look for calls of ended terms again (a sweep, once a poll)
     wanted_at: float = 0.0  # monotonic: fetch no earlier than this
     cursor: str = ""  # round robin over the slot's hints: the last hint taken
     delay: float = ERROR_FIRST
     last_progress: float = 0.0  # monotonic: last fetch that found the slot drained or took work from it
     fetching: bool = False  # a fetcher is on it
     asked: float = float("inf")  # the soonest fetch asked for while a fetch was under way (it must not be lost)
+    notified_at: float = float("-inf")  # monotonic: the last wake-up saying messages arrived in the slot
 
     def want(self, at: float) -> None:
         """Fetch no later than ``at`` (a fetch under way keeps this for when it ends)."""
@@ -257,6 +264,7 @@ class Engine:
         with self._cond:
             for state in self._slots.values() if slots is None else filter(None, map(self._slots.get, slots)):
                 state.want(now)
+                state.notified_at = now  # a busy hint's new message: fetched once that hint's work is over
             self._cond.notify_all()
 
     def slots_in_use(self) -> set[int]:
@@ -399,8 +407,9 @@ class Engine:
         started = self._monotonic()
         adopted = 0
         try:
-            if not state.adopted:
+            if not state.adopted or (state.fence is not None and started >= state.adopt_again_at):
                 adopted = self._adopt(state)
+                state.adopt_again_at = started + max(self.interval, ADOPT_SWEEP)
             self._fetch_work(state)
             state.delay = ERROR_FIRST
         except LeaseLost:
@@ -475,12 +484,11 @@ class Engine:
         def choose(candidates: Candidates) -> list[str]:
             with self._cond:
                 self._prune_rests(now)
-                for hint in dict.fromkeys(candidates.due + candidates.fresh):
-                    busy = self._busy.get(hint)
-                    if busy is not None:  # passed over: its slot is fetched again once its work is over
-                        busy.again = True
-                    elif hint not in self._resting and hint not in paused_hints:
-                        chosen.append(hint)
+                chosen.extend(
+                    hint
+                    for hint in dict.fromkeys(candidates.due + candidates.fresh)
+                    if hint not in self._busy and hint not in self._resting and hint not in paused_hints
+                )
             return chosen
 
         def horizon_id(read: Callable[[], HorizonReading | None]) -> int:
@@ -490,15 +498,17 @@ class Engine:
             reading.append(result)
             return result.id
 
+        with self._cond:
+            busy = [work.hint for work in self._busy.values() if work.slot == state.slot]
         candidates, batches = self.store.messages_fetch_slot(
             state.slot, state.cursor, budget, choose=choose, horizon=horizon_id, per_hint=self.per_hint,
-            limit=self.page_size, mode=self.settings.policy.mode,
+            limit=self.page_size, mode=self.settings.policy.mode, skip=busy,
         )
         self.clock.observe(candidates.now)
         if batches.unreadable:
             self._dead_letter(batches.unreadable)
         fetched = len(batches.messages)
-        works = self._works(state, batches.messages, batches.in_flight, paused_names, fetched >= self.page_size)
+        works = self._works(now, state, batches.messages, batches.in_flight, paused_names, fetched >= self.page_size)
         got = {work.hint for work in works}
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
@@ -522,6 +532,7 @@ class Engine:
 
     def _works(
         self,
+        now: float,
         state: _Slot,
         messages: Sequence[Message],
         in_flight: frozenset[int],
@@ -550,7 +561,7 @@ class Engine:
             if not taken:
                 continue
             cut = held is None and (len(batch) >= self.per_hint or full)
-            works.append(HintWork(hint, state.slot, state.fence, deque(taken), cut))
+            works.append(HintWork(hint, state.slot, state.fence, deque(taken), cut, fetched_at=now))
         return works
 
     def _next_due(self, now: float, candidates: Candidates) -> float:
@@ -628,7 +639,7 @@ class Engine:
             elif resting:  # N per poll: the hint rests until the next one
                 self._resting[work.hint] = now + self.interval
                 state.want(now + self.interval)
-            elif work.again or (work.cut and not work.stopped):  # more of it, or a fetch passed it over meanwhile
-                state.want(now)
+            elif work.again or (work.cut and not work.stopped) or state.notified_at >= work.fetched_at:
+                state.want(now)  # more of it, or messages arrived in its slot while it was busy (and passed over)
             self._cond.notify_all()
 

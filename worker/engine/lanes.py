@@ -116,6 +116,7 @@ class HintWork:
     again: bool = False  # fetch its slot again when the work is over (a fetch skipped the hint meanwhile)
     finished: bool = False
     started: float = 0.0  # monotonic time of its first call
+    fetched_at: float = 0.0  # monotonic time of its fetch
     called: int = 0
 
 
