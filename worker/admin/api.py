@@ -154,7 +154,10 @@ def api_application(console: Console) -> Starlette:
 
     async def lift_pause(request: Request, caller: Caller) -> Any:
         """DELETE /pauses/{id}: lift a pause."""
-        return await run_in_threadpool(pauses.lift_pause, store, caller, request.path_params["pause_id"])
+        pause_id = request.path_params["pause_id"]
+        return await run_in_threadpool(
+            lambda: pauses.lift_pause(store, caller, pause_id, chunk=console.settings.chunk_size)
+        )
 
     async def audit_trail(request: Request, _caller: Caller) -> Any:
         """GET /audit: the audit, newest first."""

@@ -332,7 +332,10 @@ def pages_application(console: Console) -> Starlette:
 
     async def pause_lift(request: Request, session: Session, form: FormData | None) -> Response:
         assert form is not None
-        result = await run_in_threadpool(pauses.lift_pause, store, session.caller, request.path_params["pause_id"])
+        pause_id = request.path_params["pause_id"]
+        result = await run_in_threadpool(
+            lambda: pauses.lift_pause(store, session.caller, pause_id, chunk=console.settings.chunk_size)
+        )
         lifted = result["lifted"]
         back = _safe_next(ui(request), _text(form.get("back")) or f"{ui(request)}/pauses")
         return redirect(request, back, f"lifted the pause of {pauses.describe(lifted['scope'], lifted['target'] or '')}"
