@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -21,12 +21,10 @@ from starlette.routing import Route
 
 from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import Caller
+from worker.admin.console import Console
 from worker.admin.errors import AdminError, BadRequest, Forbidden, NotFound
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable
-
-if TYPE_CHECKING:
-    from worker.admin.console import Console
 
 BODY_MAX = 1_048_576  # bytes of a request body
 SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
