@@ -36,6 +36,7 @@ from sqlalchemy.engine import make_url
 
 from worker.admin.auth import Caller
 from worker.admin.console import Console
+from worker.admin.routes import console_routes
 from worker.config import AdminSettings, DatabaseSettings, Mode
 from worker.db.store import Store
 from worker.service.endpoint import Endpoint, Heartbeat
@@ -114,7 +115,7 @@ def run(url: str, runs: int) -> list[dict[str, object]]:
     settings = AdminSettings(token=SecretStr(TOKEN))
     database = DatabaseSettings(url=url, statement_timeout=settings.statement_timeout, pool_size=2)
     console = Console(Store.from_settings(database), Mode.FAIL_FIRST, settings, correlated=lambda: 0.0)
-    endpoint = Endpoint("127.0.0.1", 0, Metrics(), Heartbeat(), 60.0, lambda: None, console=console.routes())
+    endpoint = Endpoint("127.0.0.1", 0, Metrics(), Heartbeat(), 60.0, lambda: None, console=console_routes(console))
     base = f"http://127.0.0.1:{endpoint.port}"
     cookie = console.auth.new_session(Caller("admin", "ui", can_write=True))
     with psycopg.connect(conninfo(url), autocommit=True) as connection:

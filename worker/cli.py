@@ -494,6 +494,11 @@ def pause(
     )
 
 
+def _lift_chunk() -> int:
+    """Messages a lift resumes per transaction: the console's chunk size (CORRELATION_ADMIN__CHUNK_SIZE)."""
+    return _settings().admin.chunk_size
+
+
 @main.command("resume")
 @_filter_options
 @click.option("--pause", "pause_id", type=click.IntRange(1, MAX_ID), help="Lift the durable pause with this id.")
@@ -508,13 +513,17 @@ def resume(
     if pause_id is not None:
         if ids or message_name or hint or state or everything or only_present:
             raise click.UsageError("--pause takes no other filter")
-        result = _with_store(lambda store: admin_pauses.lift_pause(store, _cli_caller(), pause_id))
+        result = _with_store(
+            lambda store: admin_pauses.lift_pause(store, _cli_caller(), pause_id, chunk=_lift_chunk())
+        )
     elif ids or state is not None or only_present:
         click.echo(f"resumed {_present_rows('resume', ids, message_name, hint, state, everything)} messages")
         return
     else:
         scope, target = _durable_scope(message_name, hint, everything)
-        result = _with_store(lambda store: admin_pauses.lift_pause_of(store, _cli_caller(), scope, target))
+        result = _with_store(
+            lambda store: admin_pauses.lift_pause_of(store, _cli_caller(), scope, target, chunk=_lift_chunk())
+        )
     lifted = result["lifted"]
     click.echo(
         f"lifted pause {lifted['id']} of {admin_pauses.describe(lifted['scope'], lifted['target'] or '')}; "

@@ -16,6 +16,7 @@ from datetime import timedelta
 from types import FrameType
 
 from worker.admin.console import Console
+from worker.admin.routes import console_routes
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
 from worker.db.listener import Listener
@@ -200,7 +201,7 @@ class Worker:
                 window,
                 self.readiness,
                 self.health,
-                console=self.console.routes() if self.console is not None else (),
+                console=console_routes(self.console) if self.console is not None else (),
             )
             if self.console is None:
                 logger.info(

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from tests.integration.test_store import add, set_columns
 from worker.admin.console import Console
+from worker.admin.routes import console_routes
 from worker.config import AdminSettings, Mode
 from worker.db.store import Store
 from worker.service.endpoint import Heartbeat, application, probe_routes
@@ -24,7 +25,7 @@ READ = "read-token-for-tests-00001"
 def console_app(store: Store, **admin: Any) -> TestClient:
     settings = AdminSettings(token=WRITE, read_token=READ, token_name="ops", read_token_name="viewer", **admin)
     console = Console(store, Mode.FAIL_FIRST, settings, correlated=lambda: 0.0)
-    routes = [*probe_routes(Metrics(), Heartbeat(), 60.0, lambda: None), *console.routes()]
+    routes = [*probe_routes(Metrics(), Heartbeat(), 60.0, lambda: None), *console_routes(console)]
     return TestClient(application(routes, console=True))
 
 

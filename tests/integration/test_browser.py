@@ -20,6 +20,7 @@ from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from worker.admin.console import Console
+from worker.admin.routes import console_routes
 from worker.config import AdminSettings, DatabaseSettings, Mode
 from worker.db.store import Store
 from worker.service.endpoint import Endpoint, Heartbeat
@@ -76,7 +77,7 @@ def console_url(pg_url: str) -> Iterator[str]:
     """The console served by a real endpoint on a free port."""
     store = Store.from_settings(DatabaseSettings(url=pg_url))
     console = Console(store, Mode.FAIL_FIRST, AdminSettings(token=SecretStr(WRITE), read_token=SecretStr(READ)))
-    endpoint = Endpoint("127.0.0.1", 0, Metrics(), Heartbeat(), 60.0, lambda: None, console=console.routes())
+    endpoint = Endpoint("127.0.0.1", 0, Metrics(), Heartbeat(), 60.0, lambda: None, console=console_routes(console))
     try:
         yield f"http://127.0.0.1:{endpoint.port}"
     finally:

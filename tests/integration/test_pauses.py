@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from tests.integration.test_engine_once import Recorder, make_poller, rows, send
 from worker.admin import pauses
 from worker.admin.auth import Caller
+from worker.admin.console import console_database
 from worker.admin.errors import Conflict, Forbidden, NotFound
-from worker.db.store import Store
+from worker.config import Settings
+from worker.db.console import Chunk
+from worker.db.store import DatabaseBusy, MessageFilter, Store
 from worker.message import MessageState
 
 OPERATOR = Caller("operator", "api", can_write=True)
 READER = Caller("reader", "api", can_write=False)
+
 
 def states(store: Store) -> dict[int, str]:
     return {message.id: message.state.value for message in rows(store)}
@@ -145,3 +150,121 @@ def test_a_lifted_pause_frees_its_hint_at_once_on_a_replica_that_just_read_the_p
     finally:
         listener.stop()
         thread.join(timeout=5)
+
+
+# -- lifting in chunks ------------------------------------------------------------------------------------------
+
+
+def park_many(store: Store, pause_id: int, name: str, count: int) -> None:
+    """``count`` messages of ``name``, one per hint, parked by the pause as the engine parks them."""
+    with store.engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO correlation_message (message_name, correlation_hint, state, pause_id) "
+                "SELECT :name, 'h-' || n, 'paused', :pause_id FROM generate_series(1, :count) AS n"
+            ),
+            {"name": name, "pause_id": pause_id, "count": count},
+        )
+
+
+def count_in_state(store: Store, state: str) -> int:
+    with store.engine.connect() as connection:
+        statement = text("SELECT count(*) FROM correlation_message WHERE state = :state")
+        return int(connection.execute(statement, {"state": state}).scalar_one())
+
+
+def test_a_pause_that_parked_200_000_messages_is_lifted_in_chunks_under_the_consoles_statement_timeout(
+    store: Store, pg_url: str
+) -> None:
+    settings = Settings(database={"url": pg_url}, admin={"statement_timeout": "PT0.5S"}, metrics={"enabled": False})
+    console_store = Store.from_settings(console_database(settings))  # the store the API and the pages act on
+    try:
+        with console_store.engine.connect() as connection:
+            assert connection.exec_driver_sql("SHOW statement_timeout").scalar_one() == "500ms"
+        pause = pauses.add_pause(console_store, OPERATOR, "name", "order.paid", "engine upgrade")
+        park_many(store, pause["id"], "order.paid", 200_000)
+        with pytest.raises(DatabaseBusy):  # one statement for them all is cancelled (and rolled back)
+            console_store.messages_resume(MessageFilter(name="order.paid", state=MessageState.PAUSED))
+
+        lifted = pauses.lift_pause(console_store, OPERATOR, pause["id"], chunk=settings.admin.chunk_size)
+
+        assert lifted["resumed"] == 200_000
+        assert count_in_state(store, "paused") == 0 and count_in_state(store, "ready") == 200_000
+        assert console_store.pauses_list() == []
+        entry = console_store.audit_page(before=None, limit=1)[0][0]
+        assert (entry.action, entry.affected, entry.error) == ("pauses.remove", 200_000, None)
+    finally:
+        console_store.close()
+
+
+class CutOff(Store):
+    """A store whose connection is lost after ``chunks`` chunks of a lift."""
+
+    def __init__(self, store: Store, chunks: int) -> None:
+        super().__init__(store.engine)
+        self.chunks = chunks
+
+    def pauses_unpark_chunk(self, pause_id: int, name: str, *, after: int, chunk: int) -> Chunk:
+        if self.chunks == 0:
+            raise DatabaseBusy("canceling statement due to statement timeout")
+        self.chunks -= 1
+        return super().pauses_unpark_chunk(pause_id, name, after=after, chunk=chunk)
+
+
+def parked(store: Store, pause_id: int, count: int, hint_prefix: str = "h") -> list[int]:
+    """``count`` messages of order.paid, each heading its hint, parked by the pause with the engine's statement."""
+    ids = [send(store, f"{hint_prefix}-{n}", 1) for n in range(count)]
+    assert all(store.message_park(row_id, pause_id) for row_id in ids)
+    return ids
+
+
+def test_a_lift_cut_off_half_way_keeps_the_pause_and_running_it_again_finishes_it(any_store: Store) -> None:
+    pause = pauses.add_pause(any_store, OPERATOR, "name", "order.paid", "")
+    ids = parked(any_store, pause["id"], 5)
+
+    with pytest.raises(DatabaseBusy):
+        pauses.lift_pause(CutOff(any_store, chunks=1), OPERATOR, pause["id"], chunk=2)
+    assert [p.id for p in any_store.pauses_list()] == [pause["id"]]
+    assert states(any_store) == {**dict.fromkeys(ids[:2], "ready"), **dict.fromkeys(ids[2:], "paused")}
+    failed = any_store.audit_page(before=None, limit=1)[0][0]
+    assert (failed.action, failed.affected) == ("pauses.remove", 2) and "statement timeout" in (failed.error or "")
+
+    again = pauses.lift_pause(any_store, OPERATOR, pause["id"], chunk=2)
+    assert again["resumed"] == 3
+    assert states(any_store) == dict.fromkeys(ids, "ready") and any_store.pauses_list() == []
+
+
+class ParksBehindTheChunks(Store):
+    """A store on which the engine parks one more message, behind the lift's cursor, after its first chunk."""
+
+    def __init__(self, store: Store, message_id: int) -> None:
+        super().__init__(store.engine)
+        self.message_id: int | None = message_id
+
+    def pauses_unpark_chunk(self, pause_id: int, name: str, *, after: int, chunk: int) -> Chunk:
+        done = super().pauses_unpark_chunk(pause_id, name, after=after, chunk=chunk)
+        if self.message_id is not None:
+            assert self.message_park(self.message_id, pause_id)
+            self.message_id = None
+        return done
+
+
+def test_messages_the_engine_parks_while_a_pause_is_lifted_are_resumed_with_the_rest(any_store: Store) -> None:
+    pause = pauses.add_pause(any_store, OPERATOR, "name", "order.paid", "")
+    early = send(any_store, "early", 1)  # ready, with an id before every parked one
+    ids = parked(any_store, pause["id"], 4)
+
+    lifted = pauses.lift_pause(ParksBehindTheChunks(any_store, early), OPERATOR, pause["id"], chunk=2)
+
+    assert lifted["resumed"] == 5
+    assert states(any_store) == dict.fromkeys([early, *ids], "ready") and any_store.pauses_list() == []
+
+
+def test_lifting_resumes_only_the_messages_its_pause_parked(any_store: Store) -> None:
+    pause = pauses.add_pause(any_store, OPERATOR, "name", "order.paid", "")
+    ids = parked(any_store, pause["id"], 3)
+    by_hand = send(any_store, "other", 1)
+    assert any_store.messages_pause(MessageFilter(ids=(by_hand,))) == 1  # an operator's pause of one message
+
+    assert pauses.lift_pause(any_store, OPERATOR, pause["id"], chunk=2)["resumed"] == 3
+    assert states(any_store) == {**dict.fromkeys(ids, "ready"), by_hand: "paused"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -21,12 +21,10 @@ from starlette.routing import Route
 
 from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import Caller
+from worker.admin.console import Console
 from worker.admin.errors import AdminError, BadRequest, Forbidden, NotFound
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable
-
-if TYPE_CHECKING:
-    from worker.admin.console import Console
 
 BODY_MAX = 1_048_576  # bytes of a request body
 SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -154,7 +152,10 @@ def api_application(console: Console) -> Starlette:
 
     async def lift_pause(request: Request, caller: Caller) -> Any:
         """DELETE /pauses/{id}: lift a pause."""
-        return await run_in_threadpool(pauses.lift_pause, store, caller, request.path_params["pause_id"])
+        pause_id = request.path_params["pause_id"]
+        return await run_in_threadpool(
+            lambda: pauses.lift_pause(store, caller, pause_id, chunk=console.settings.chunk_size)
+        )
 
     async def audit_trail(request: Request, _caller: Caller) -> Any:
         """GET /audit: the audit, newest first."""

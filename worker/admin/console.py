@@ -1,4 +1,4 @@
-"""The console: what its two faces (the JSON API and the pages) share, and their routes on the endpoint.
+"""The console: what its two faces (the JSON API and the pages) share. :mod:`worker.admin.routes` mounts them.
 
 It runs on a store of its own whose sessions have the console's statement timeout
 (``CORRELATION_ADMIN__STATEMENT_TIMEOUT``), so that no console query, however filtered, runs long.
@@ -9,12 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from starlette.routing import BaseRoute, Mount
-
-from worker.admin.api import api_application
 from worker.admin.auth import Auth
 from worker.admin.overview import Throughput
-from worker.admin.pages import pages_application
 from worker.config import AdminSettings, DatabaseSettings, Mode, Settings
 from worker.db.store import Store
 
@@ -47,10 +43,6 @@ class Console:
         """A console on a store of its own for these settings."""
         store = Store.from_settings(console_database(settings))
         return cls(store, settings.policy.mode, settings.admin, correlated)
-
-    def routes(self) -> list[BaseRoute]:
-        """``/api/v1`` and ``/ui``, to mount on the endpoint."""
-        return [Mount("/api/v1", app=api_application(self)), Mount("/ui", app=pages_application(self))]
 
     def close(self) -> None:
         """Close the console's connections."""

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from starlette.applications import Starlette
@@ -27,12 +27,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import LOGIN_COOKIE, SESSION_COOKIE, Session
+from worker.admin.console import Console
 from worker.admin.errors import AdminError, BadRequest
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable, MessageFilter
-
-if TYPE_CHECKING:
-    from worker.admin.console import Console
 
 HERE = Path(__file__).resolve().parent
 FLASH_COOKIE = "cw_flash"
@@ -332,7 +330,10 @@ def pages_application(console: Console) -> Starlette:
 
     async def pause_lift(request: Request, session: Session, form: FormData | None) -> Response:
         assert form is not None
-        result = await run_in_threadpool(pauses.lift_pause, store, session.caller, request.path_params["pause_id"])
+        pause_id = request.path_params["pause_id"]
+        result = await run_in_threadpool(
+            lambda: pauses.lift_pause(store, session.caller, pause_id, chunk=console.settings.chunk_size)
+        )
         lifted = result["lifted"]
         back = _safe_next(ui(request), _text(form.get("back")) or f"{ui(request)}/pauses")
         return redirect(request, back, f"lifted the pause of {pauses.describe(lifted['scope'], lifted['target'] or '')}"

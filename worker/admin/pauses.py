@@ -3,6 +3,27 @@
 A pause is a row of ``correlation_pause``; the engine reads them and holds back also the messages inserted
 after the pause. Lifting a pause resumes the messages it paused and wakes the replicas. Creating and lifting
 write an audit row. Shared by the CLI, the JSON API and the pages.
+
+**Lifting runs in chunks**, each its own short transaction, so that it fits the console's statement timeout
+however many messages the pause parked (the engine parks the messages of a paused *name*, ``state = 'paused'``
+with ``pause_id`` set, as it meets them; a pause of a hint or of everything parks none). In this order:
+
+1. the parked messages are resumed in chunks, in id order (the pause row stays, so the engine may park again
+   a resumed message meanwhile; no replica is woken yet);
+2. the end: chunks of whatever the pause still holds parked (by the engine, behind the chunks), until one
+   transaction finds less than a chunk: it deletes the pause, resumes what is left (also what the engine
+   parked before the delete committed), and notifies every replica that the pauses changed (each reads them
+   again and looks at every slot).
+
+Until that last transaction the pause is there: a lift cut off half-way (a crash, a timeout, a lost
+connection) leaves some messages resumed (still held back by the pause, which holds back their hints' later
+messages too) and the pause listed, and running it again finishes it. Order within a hint holds at every
+step: a message still parked holds back the later ones of its hint. The audit row counts the messages
+resumed, also when the lift fails (with the error).
+
+One gap is the engine's: it parks with the pauses it read last, so a park it decided before the lift's last
+transaction committed may land after it, leaving that message paused with its pause gone (``resume`` by its
+id frees it). Closing it takes a park that holds a lock on its pause row while it writes.
 """
 
 from __future__ import annotations
@@ -14,11 +35,12 @@ from typing import Any
 from worker.admin.auth import Caller
 from worker.admin.errors import BadRequest, Conflict, Forbidden, NotFound
 from worker.db.fetch import Pause
-from worker.db.store import Store
+from worker.db.store import Store, StoreError
 from worker.policy.holdback import PauseInfo
 
 TARGET_MAX = 255
 REASON_MAX = 1000
+DEFAULT_CHUNK = 1000  # messages resumed per transaction of a lift (CORRELATION_ADMIN__CHUNK_SIZE's default)
 
 
 def pause_as_dict(pause: Pause) -> dict[str, Any]:
@@ -86,22 +108,40 @@ def add_pause(store: Store, caller: Caller, scope: str, target: str, reason: str
     return pause_as_dict(pause)
 
 
-def lift_pause(store: Store, caller: Caller, pause_id: int) -> dict[str, Any]:
-    """Lift a durable pause by id: the messages it paused are resumed and the replicas woken."""
+def lift_pause(store: Store, caller: Caller, pause_id: int, *, chunk: int = DEFAULT_CHUNK) -> dict[str, Any]:
+    """Lift a durable pause by id, in chunks of ``chunk`` messages (see the module's docstring for the order):
+    the messages it paused are resumed, the pause deleted and the replicas woken."""
     if not caller.can_write:
         raise Forbidden(f"the token {caller.name!r} may only read; lifting a pause needs CORRELATION_ADMIN__TOKEN")
-    lifted = store.pauses_lift(pause_id)
-    if lifted is None:
+    pause = store.pauses_get(pause_id)
+    if pause is None:
         raise NotFound(f"no durable pause {pause_id} (see the list of pauses)")
-    pause, resumed = lifted
     shown = pause_as_dict(pause)
+    resumed = 0
+    try:
+        if pause.scope == "name":
+            after: int | None = 0
+            while after is not None:
+                done = store.pauses_unpark_chunk(pause.id, pause.target, after=after, chunk=chunk)
+                resumed += done.changed
+                after = done.last_id
+        while True:
+            end = store.pauses_lift_rest(pause.id, chunk=chunk)
+            resumed += end.resumed
+            if end.lifted:
+                break
+    except StoreError as error:
+        store.audit_add(caller.name, caller.via, "pauses.remove", shown, resumed, error=str(error)[:1000])
+        raise
     store.audit_add(caller.name, caller.via, "pauses.remove", shown, resumed)
     return {"lifted": shown, "resumed": resumed}
 
 
-def lift_pause_of(store: Store, caller: Caller, scope: str, target: str) -> dict[str, Any]:
-    """Lift the durable pause of a name, a hint, or everything."""
+def lift_pause_of(
+    store: Store, caller: Caller, scope: str, target: str, *, chunk: int = DEFAULT_CHUNK
+) -> dict[str, Any]:
+    """Lift the durable pause of a name, a hint, or everything (in chunks, as :func:`lift_pause`)."""
     pause = store.pauses_find(scope, target)
     if pause is None:
         raise NotFound(f"there is no durable pause of {describe(scope, target)} (see `correlation-worker pauses`)")
-    return lift_pause(store, caller, pause.id)
+    return lift_pause(store, caller, pause.id, chunk=chunk)

@@ -12,7 +12,8 @@ rows"):
   of at most ``scan`` rows of the indexed filter: a page may come back short with a ``next`` cursor that
   continues after the window.
 - **Bounded counts**: ``count(*)`` over a sub-select with ``LIMIT limit + 1``, shown as "10000+" above it.
-- **Bulk actions** run in chunks of ``chunk`` rows, each its own short transaction, advancing by id.
+- **Bulk actions** run in chunks of ``chunk`` rows, each its own short transaction, advancing by id; so does
+  lifting a durable pause (the order of its steps is in :mod:`worker.admin.pauses`).
 
 The console runs these on an engine of its own whose sessions have a short ``statement_timeout``.
 """
@@ -24,9 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, literal, select, text, union_all
+from sqlalchemy import BigInteger, Select, Update, any_, bindparam, func, literal, select, text, union_all
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import update as sa_update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Row
@@ -136,6 +138,15 @@ class Chunk:
     last_id: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class LiftEnd:
+    """What a transaction at the end of a lift did: messages resumed, and whether the pause is gone (False: a
+    whole chunk was still parked, the next transaction goes on)."""
+
+    resumed: int
+    lifted: bool
+
+
 # -- statement builders ------------------------------------------------------------------------------------------
 
 
@@ -178,6 +189,19 @@ def _ids_in_order(
 
 def _unexpired(now: datetime) -> ColumnElement[bool]:
     return (m.expires_at.is_(None)) | (m.expires_at > now)
+
+
+def _resume(ids: Sequence[int], dialect: str) -> Update:
+    """These messages (locked, read paused by a durable pause) → ready, due no earlier than before the pause.
+
+    On PostgreSQL the ids go as one array (``id = ANY(:ids)``): a thousand ids as a thousand parameters cost
+    more to build and send than the update itself.
+    """
+    if dialect == "postgresql":
+        chosen = m.id == any_(bindparam("ids", list(ids), type_=postgresql.ARRAY(BigInteger())))
+    else:
+        chosen = m.id.in_(ids)
+    return sa_update(message_table).where(chosen).values(state=MessageState.READY.value, pause_id=None)
 
 
 def _listed(row: Row[Any]) -> Listed:
@@ -420,25 +444,61 @@ class ConsoleStatements(MessageStatements, FetchStatements):
             connection.execute(text("SELECT pg_notify(:channel, :payload)"),
                                {"channel": NOTIFY_CHANNEL, "payload": PAUSES_CHANGED})
 
-    def pauses_lift(self, pause_id: int) -> tuple[Pause, int] | None:
-        """Lift a durable pause: delete it, resume the messages it paused, and wake the replicas whose slots
-        it held back (the hint's slot; every slot for a pause of everything). Returns the pause and how many
-        messages were resumed; None if there was no such pause."""
+    def pauses_unpark_chunk(self, pause_id: int, name: str, *, after: int, chunk: int) -> Chunk:
+        """Resume the messages that a durable pause of the message name ``name`` parked among the next ``chunk``
+        paused messages of that name after ``after`` (id order), in one transaction. The pause stays, and no
+        replica is woken (see :meth:`pauses_lift_rest`).
 
-        def work(connection: Connection) -> tuple[Pause, int] | None:
-            row = connection.execute(select(pause_table).where(pause_table.c.id == pause_id)).first()
-            if row is None:
-                return None
-            pause = _pause(row)
+        The chunk is read without a condition on ``pause_id``: a new pause's id has no statistics yet, and a
+        planner that takes it for rare walks every message of the pause through its index, for every chunk.
+        Read by ``(message_name, state, id)``, a chunk costs what it changes; its rows are locked as they are
+        read, so that those of the pause are changed as they were read.
+        """
+        window = (
+            select(m.id, m.pause_id)
+            .where(m.message_name == name, m.state == MessageState.PAUSED.value, m.id > after)
+            .order_by(m.id)
+            .limit(chunk)
+            .with_for_update()
+        )
+
+        def work(connection: Connection) -> Chunk:
+            rows = connection.execute(window).all()
+            if not rows:
+                return Chunk(0, None)
+            theirs = [int(row.id) for row in rows if row.pause_id == pause_id]
+            changed = int(connection.execute(_resume(theirs, self.dialect)).rowcount) if theirs else 0
+            return Chunk(changed, int(rows[-1].id) if len(rows) >= chunk else None)
+
+        return self._write(work)
+
+    def pauses_lift_rest(self, pause_id: int, *, chunk: int) -> LiftEnd:
+        """One transaction of a lift's end: resume up to ``chunk`` messages the pause still holds parked (any
+        that no chunk met, e.g. parked by the engine behind the chunks); when fewer were left, also delete the
+        pause, resume what was parked in between, and tell every replica that the pauses changed (each reads
+        them again and looks at every slot)."""
+        parked = (
+            select(m.id)
+            .where(m.pause_id == pause_id, m.state == MessageState.PAUSED.value)
+            .limit(chunk)
+            .with_for_update()
+        )
+        rest = (
+            sa_update(message_table)
+            .where(m.pause_id == pause_id, m.state == MessageState.PAUSED.value)
+            .values(state=MessageState.READY.value, pause_id=None)
+        )
+
+        def work(connection: Connection) -> LiftEnd:
+            ids = [int(i) for i in connection.execute(parked).scalars()]
+            resumed = int(connection.execute(_resume(ids, self.dialect)).rowcount) if ids else 0
+            if len(ids) >= chunk:
+                return LiftEnd(resumed, lifted=False)
+            # The pause goes before the last sweep, which resumes what was parked until then.
             connection.execute(sa_delete(pause_table).where(pause_table.c.id == pause_id))
-            resumed = self._notify_changed(
-                connection,
-                sa_update(message_table)
-                .where(m.pause_id == pause_id, m.state == MessageState.PAUSED.value)
-                .values(state=MessageState.READY.value, pause_id=None),
-            )
+            resumed += int(connection.execute(rest).rowcount)
             self._notify_pauses(connection)
-            return pause, resumed
+            return LiftEnd(resumed, lifted=True)
 
         return self._write(work)
 

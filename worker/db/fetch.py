@@ -210,7 +210,8 @@ _DEAD_LETTER = text(
 
 # Pause one message for a durable pause of its name (it then holds back the later messages of its hint).
 _PARK = text(
-    "UPDATE correlation_message SET state = 'paused', pause_id = :pause_id WHERE id = :id AND state = 'ready'"
+    "UPDATE correlation_message SET state = 'paused', pause_id = :pause_id WHERE id = :id AND state = 'ready' "
+    "AND EXISTS (SELECT 1 FROM correlation_pause p WHERE p.id = :pause_id)"  # not once the pause is lifted
 )
 
 

@@ -16,6 +16,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -23,13 +24,39 @@ from sqlalchemy.engine import make_url
 from worker.config import DatabaseSettings, NotifySettings
 from worker.db.base import normalise_url, postgres_connect_args
 from worker.db.schema import NOTIFY_CHANNEL
-from worker.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
 RECONNECT_FIRST, RECONNECT_MAX = 0.2, 5.0  # seconds between attempts to listen again
 
 WakeSlots = Callable[[frozenset[int] | None], None]  # slots to look at, or None for every slot
+
+
+class Gauge(Protocol):
+    """A value that is set (a Prometheus gauge)."""
+
+    def set(self, value: float) -> None:
+        """Set the value."""
+
+
+class Counter(Protocol):
+    """A count that grows (a Prometheus counter)."""
+
+    def inc(self, amount: float = 1) -> None:
+        """Add ``amount``."""
+
+
+class ListenerMetrics(Protocol):
+    """What the listener reports (the service's :class:`~worker.service.metrics.Metrics` has both): 1 while it
+    listens, else 0; and every reconnect."""
+
+    @property
+    def listener_up(self) -> Gauge:
+        """1 while the listener is connected, else 0."""
+
+    @property
+    def listener_reconnects(self) -> Counter:
+        """Times the listener reconnected."""
 
 
 def parse_slots(payload: str) -> frozenset[int] | None:
@@ -44,7 +71,7 @@ class Listener:
     """Listens for wake-ups until stopped; call :meth:`run` on a thread of its own."""
 
     def __init__(
-        self, database: DatabaseSettings, notify: NotifySettings, wake: WakeSlots, metrics: Metrics
+        self, database: DatabaseSettings, notify: NotifySettings, wake: WakeSlots, metrics: ListenerMetrics
     ) -> None:
         self.database = database
         self.notify = notify
