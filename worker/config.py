@@ -128,8 +128,11 @@ def _parse_max_retries(value: object) -> int | None:
             value = int(value.strip())
         except ValueError as exc:
             raise ValueError(f"{value!r} is neither a whole number nor 'unlimited'") from exc
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{value!r} must be a whole number >= 0 or 'unlimited'")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"{value!r} must be a whole number >= 1 (1: dead at the first recorded failure, no retry) or "
+            "'unlimited'"
+        )
     return value
 
 

@@ -7,6 +7,7 @@ Every step is checked in the database as well as on the page, and every page is 
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -35,12 +36,16 @@ WRITE = "browser-write-token-0001"
 READ = "browser-read-token-00001"
 DEADLINE = 15.0
 
+SKIP_ENV = "CORRELATION_TEST_SKIP_BROWSER"  # set to 1 to run the suite without a browser, on purpose
+
 if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip(
+    _MISSING = (
         "the browser tests need Debian's chromium and chromium-driver packages (scripts/test installs them "
-        "with apt-get; here they could not be installed)",
-        allow_module_level=True,
+        "with apt-get)"
     )
+    if os.environ.get(SKIP_ENV):
+        pytest.skip(f"{_MISSING}; skipped because {SKIP_ENV} is set", allow_module_level=True)
+    pytest.fail(f"{_MISSING}, and they are missing; set {SKIP_ENV}=1 to skip them on purpose", pytrace=False)
 
 from selenium import webdriver  # noqa: E402  (only once the browser is known to be there)
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402

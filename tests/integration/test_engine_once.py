@@ -211,7 +211,7 @@ def test_per_name_policy_override_applies_only_to_its_name(any_store: Store) -> 
     recorder = Recorder()
     strict = send(any_store, "a", 1, name="strict", fail=True)
     lenient = send(any_store, "b", 1, name="lenient", fail=True)
-    s = Settings(policy={"max_retries": 5}, policies={"strict": {"max_retries": 0}}, metrics={"enabled": False})
+    s = Settings(policy={"max_retries": 5}, policies={"strict": {"max_retries": 1}}, metrics={"enabled": False})
     make_poller(any_store, recorder, s).run_once()
     a, b = any_store.messages_get(strict), any_store.messages_get(lenient)
     assert a is not None and a.state is MessageState.DEAD

@@ -50,6 +50,9 @@ def test_environment_sets_nested_values(monkeypatch: pytest.MonkeyPatch) -> None
         ("CORRELATION_POLL__INTERVAL", "6 seconds", "not an ISO-8601 duration"),
         ("CORRELATION_POLICY__BACKOFF_CAP", "-PT1S", "negative"),
         ("CORRELATION_POLICY__MAX_RETRIES", "-1", "unlimited"),
+        # 0 and 1 would both mean "dead at the first recorded failure": only 1 says so.
+        ("CORRELATION_POLICY__MAX_RETRIES", "0", ">= 1 (1: dead at the first recorded failure"),
+        ("CORRELATION_POLICIES", '{"invoice.sent": {"max_retries": 0}}', ">= 1"),
         ("CORRELATION_POLICY__BATCH_SIZE", "0", "-1"),
         ("CORRELATION_POLICY__MODE", "some", "fail_first"),
         ("CORRELATION_DATABASE__URL", "mysql://x", "not supported"),

@@ -51,9 +51,14 @@ def test_rows_own_time_to_live_overrides_the_policy() -> None:
     assert resolve(message(1, time_to_live=seconds(0)), Retry(), EXAMPLE, T0 + seconds(1), POLL).kind is Kind.RETRY
 
 
-def test_max_retries_zero_makes_the_first_recorded_failure_final() -> None:
-    d = resolve(message(1), Retry(), Policy(max_retries=0), T0, POLL)
+def test_max_retries_one_makes_the_first_recorded_failure_final() -> None:
+    d = resolve(message(1), Retry(), Policy(max_retries=1), T0, POLL)
     assert (d.kind, d.attempt) == (Kind.DEAD, 1)
+
+
+def test_max_retries_zero_is_refused_naming_one() -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        Policy(max_retries=0)
 
 
 def test_unlimited_retries_never_die() -> None:
