@@ -8,6 +8,7 @@ and concurrency run the engine continuously (``Engine.start``) and wait on condi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -593,3 +594,33 @@ def _hint_in_slot(store: Store, slot: int, prefix: str) -> str:
                        "WHERE ((hashtext(h) % 64) + 64) % 64 = :slot LIMIT 1", prefix=prefix, slot=slot)
     return str(found[0][0])
 
+
+
+def test_an_exception_whose_str_raises_is_logged_in_one_line_and_the_rest_of_its_run_goes_on(
+    store: Store, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from worker.service.logs import configure_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    configure_logging(settings().log, "test")  # the worker's own formatter, as a replica logs
+    bad = send(store, "h", bad=True)
+    after = [send(store, "h") for _ in range(3)]
+
+    def behave(message: Message) -> None:
+        if message.payload.get("bad"):
+            raise Unprintable()
+
+    calls = Calls(behave)
+    run = engine(store, calls, settings(policy={"mode": "all"}))
+    try:
+        result = run.run_once()
+    finally:
+        root.handlers[:], root.level = handlers, level
+    assert calls.ids() == [bad, *after], "the rest of the run was called"
+    assert result.outcomes == {"retry": 1, "success": 3}
+    logged = capfd.readouterr().err
+    assert "Traceback" not in logged and "failed while calling" not in logged, logged
+    assert f"id={bad} hint=h: retry" in logged and "Unprintable" in logged
+    row = rows(store)[bad]
+    assert row.attempt == 1 and "Unprintable" in (row.last_error or "")

@@ -88,7 +88,15 @@ def _field_value(value: object) -> object:
         return value
     if isinstance(value, list | tuple | set | frozenset):
         return [_field_value(item) for item in value]
-    return str(value)
+    return safe_text(value)
+
+
+def safe_text(value: object) -> str:
+    """``str(value)``, or a note naming its type when that raises (a handler's exception may refuse it)."""
+    try:
+        return str(value)
+    except BaseException as failure:  # an object whose __str__ fails must not break a log call
+        return f"<{type(value).__name__}: str() raised {type(failure).__name__}>"
 
 
 def log_fields(message: Message | None = None, **fields: object) -> dict[str, object]:
@@ -174,7 +182,7 @@ def _clean_value(key: str, value: object) -> object:
         return {str(k): _clean_value(str(k), v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_clean_value(key, item) for item in value[:1000]]
-    return clean(str(value))
+    return clean(safe_text(value))
 
 
 def configure_logging(settings: LogSettings, replica: str) -> None:
