@@ -52,3 +52,11 @@ SELECT DISTINCT ON (call.id) call.id, substr(l.name, 6)::integer, l.fence, l.loc
 
 ALTER TABLE correlation_lock DROP COLUMN in_flight;
 ALTER TABLE correlation_lock DROP COLUMN in_flight_version;
+
+-- Console sessions ended at logout, before their expiry: a cookie copied before the logout opens nothing after
+-- it, on any replica. A digest of the session's nonce (never the cookie), kept until the session would have
+-- expired; rows past that are removed at the next logout.
+CREATE TABLE correlation_session_end (
+    nonce_digest text PRIMARY KEY,
+    expires_at   timestamptz NOT NULL
+);

@@ -42,3 +42,9 @@ CREATE TRIGGER correlation_message_slot_is_0_update BEFORE UPDATE OF slot ON cor
 BEGIN
     SELECT RAISE(ABORT, 'correlation_message_slot_is_0: on SQLite every message is in slot 0 (leave slot out)');
 END;
+
+-- Console sessions ended at logout, before their expiry (see the PostgreSQL file).
+CREATE TABLE correlation_session_end (
+    nonce_digest TEXT PRIMARY KEY,
+    expires_at   TEXT NOT NULL
+);

@@ -96,6 +96,22 @@ def test_logged_out_forms_are_refused_and_redirects_stay_in_the_console(client: 
     assert response.headers["location"] == "/ui/"
 
 
+def test_a_session_cookie_copied_before_logout_opens_nothing_after_it_on_any_replica(
+    client: TestClient, store: Store
+) -> None:
+    csrf = log_in(client)
+    copied = client.cookies.get("cw_session")
+    assert copied is not None
+    assert client.post("/ui/logout", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+    with console_app(store) as other:  # another replica, the same database
+        other.cookies.set("cw_session", copied, path="/ui")
+        page = other.get("/ui/pauses", follow_redirects=False)
+        assert page.status_code == 303 and "/ui/login" in page.headers["location"]
+        refused = other.post("/ui/pauses", data={"csrf": csrf, "scope": "all"}, follow_redirects=False)
+        assert refused.status_code == 403
+    assert store.pauses_list() == []
+
+
 def test_pages_carry_security_headers_and_escape_what_producers_wrote(client: TestClient, store: Store) -> None:
     add(store, "<script>alert(1)</script>", state="dead")
     log_in(client)

@@ -5,9 +5,10 @@
   on digests of equal length), so a wrong guess learns nothing from the answer's timing.
 - **Sessions** (the pages). The login form takes a token and sets a cookie ``cw_session`` (HttpOnly,
   SameSite=Strict, Path=/ui, Secure over https) holding ``role.expiry.nonce.mac``: a MAC over the rest keyed by
-  a digest of the configured tokens. Nothing is stored on the server, every replica accepts the cookie of
-  another, a session ends at its expiry (``CORRELATION_ADMIN__SESSION_LIFETIME``) or at logout, and changing a
-  token ends every session at once.
+  a digest of the configured tokens. Every replica accepts the cookie of another; a session ends at its expiry
+  (``CORRELATION_ADMIN__SESSION_LIFETIME``), at logout (a digest of its nonce is written to
+  ``correlation_session_end`` until the expiry, so a copy of the cookie opens nothing afterwards, on any
+  replica), and changing a token ends every session at once.
 - **CSRF.** Every form carries a token derived from the session's nonce (an HMAC with the same key), checked in
   constant time on every POST; the login form itself uses a double-submit cookie. SameSite=Strict already keeps
   the session cookie off cross-site requests: the token is the second lock.
@@ -119,6 +120,11 @@ class Auth:
         else:
             return None
         return Session(caller, nonce, int(expires_text))
+
+    @staticmethod
+    def ended_key(session: Session) -> str:
+        """What a logout records of a session: a digest of its nonce (never the cookie itself)."""
+        return hashlib.sha256(("session-end:" + session.nonce).encode()).hexdigest()
 
     def csrf_token(self, session: Session) -> str:
         """The CSRF token of every form of this session."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -151,6 +151,8 @@ def pages_application(console: Console) -> Starlette:
         """The handler behind the session check and, for a POST, the CSRF (and write) check."""
         async def endpoint(request: Request) -> Response:
             session = auth.session(request.cookies.get(SESSION_COOKIE))
+            if session is not None and await run_in_threadpool(store.session_ended, auth.ended_key(session)):
+                session = None  # logged out: a copy of the cookie opens nothing
             if session is None:
                 if request.method == "GET":
                     wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -210,7 +212,9 @@ def pages_application(console: Console) -> Starlette:
         response.delete_cookie(LOGIN_COOKIE, path=ui(request) or "/")
         return response
 
-    async def logout(request: Request, _session: Session, _form: FormData | None) -> Response:
+    async def logout(request: Request, session: Session, _form: FormData | None) -> Response:
+        ends = datetime.fromtimestamp(session.expires, UTC)
+        await run_in_threadpool(store.sessions_end, auth.ended_key(session), ends)
         response = RedirectResponse(f"{ui(request)}/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path=ui(request) or "/")
         return response

@@ -43,6 +43,7 @@ from worker.db.schema import (
     NOTIFY_CHANNEL,
     PAUSES_CHANGED,
     SLOT_COUNT,
+    UtcDateTime,
     audit_table,
     message_table,
     pause_table,
@@ -218,6 +219,21 @@ def _audit(row: Any) -> AuditEntry:
 
 class ConsoleStatements(MessageStatements, FetchStatements):
     """The console's statements (see the module's docstring for how each stays O(page))."""
+
+    # -- sessions ended at logout --------------------------------------------------------------------------------
+
+    def sessions_end(self, nonce_digest: str, expires_at: datetime) -> None:
+        """Record that a console session ended at logout (until it would have expired); forget older ones."""
+
+        def work(connection: Connection) -> None:
+            connection.execute(_FORGET_ENDED_SESSIONS)
+            connection.execute(_END_SESSION[self.dialect], {"digest": nonce_digest, "expires_at": expires_at})
+
+        self._write(work)
+
+    def session_ended(self, nonce_digest: str) -> bool:
+        """True when the console session with this nonce digest ended at logout."""
+        return self._run(lambda c: c.execute(_SESSION_ENDED, {"digest": nonce_digest}).first() is not None)
 
     # -- reading messages ---------------------------------------------------------------------------------------
 
@@ -534,3 +550,20 @@ class ConsoleStatements(MessageStatements, FetchStatements):
         more = len(rows) > limit
         rows = rows[:limit]
         return rows, rows[-1].id if more else None
+
+
+# Console sessions ended at logout (a digest of the session's nonce), kept until they would have expired.
+_END_SESSION = {
+    "postgresql": text(
+        "INSERT INTO correlation_session_end (nonce_digest, expires_at) VALUES (:digest, :expires_at) "
+        "ON CONFLICT (nonce_digest) DO NOTHING"
+    ).bindparams(bindparam("expires_at", type_=UtcDateTime())),
+    "sqlite": text(
+        "INSERT OR IGNORE INTO correlation_session_end (nonce_digest, expires_at) VALUES (:digest, :expires_at)"
+    ).bindparams(bindparam("expires_at", type_=UtcDateTime())),
+}
+_SESSION_ENDED = text("SELECT 1 FROM correlation_session_end WHERE nonce_digest = :digest")
+_FORGET_ENDED_SESSIONS = text(
+    "DELETE FROM correlation_session_end WHERE expires_at < CURRENT_TIMESTAMP"
+)
+
