@@ -527,3 +527,13 @@ def test_enable_disable_fire_and_delete_name_what_is_missing(any_store: Store) -
     assert admin.schedule_fire(any_store, "nightly")["action_type"] == "manual"  # even while disabled
     assert admin.schedule_delete(any_store, "nightly") == {"deleted": "nightly"}
     assert len(messages(any_store)) == 1  # its messages stay
+
+
+def test_manual_fires_back_to_back_within_one_tick_of_the_clock_each_publish_their_message(any_store: Store) -> None:
+    """SQLite's clock ticks in milliseconds: fires within one tick are still fires of their own."""
+    add(any_store, cron="0 0 0 1 1 ? 2199")
+    published = [any_store.schedule_fire_manual("nightly", FireAction.START, UTC) for _ in range(300)]
+    assert all(fire is not None for fire in published)
+    ids = [fire.message_id for fire in published if fire is not None]
+    assert len(set(ids)) == 300 and [fire.job_number for fire in published if fire] == list(range(1, 301))
+    assert len(messages(any_store)) == 300

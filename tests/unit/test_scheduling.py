@@ -110,8 +110,8 @@ def test_message_ids_derive_from_the_schedule_and_the_fire_time() -> None:
     assert scheduled_message_id("nightly", fire) == "schedule:nightly:2005-06-02T10:15:00Z"
     assert scheduled_message_id("nightly", fire.astimezone(UTC)) == scheduled_message_id("nightly", fire)
     at = datetime(2005, 6, 2, 10, 15, 1, 250, tzinfo=UTC)
-    manual = manual_message_id("nightly", FireAction.STOP, at)
-    assert manual == "schedule:nightly:manual:stop:2005-06-02T10:15:01.000250Z"
+    manual = manual_message_id("nightly", FireAction.STOP, at, 7)
+    assert manual == "schedule:nightly:manual:stop:2005-06-02T10:15:01.000250Z:7"
 
 
 def test_headers_carry_the_schedule_fire_time_job_number_and_action_over_the_schedule_own() -> None:

@@ -496,21 +496,19 @@ class ScheduleStatements(StoreBase):
 
         def work(connection: Connection) -> PublishedMessage | None:
             now = self._now(connection)
-            message_id = manual_message_id(name, action, now)
             claimed = connection.execute(
                 update(schedule_table)
                 .where(_s.name == name)
-                .values(
-                    fire_count=_s.fire_count + 1,
-                    last_fire_at=now,
-                    last_fire_kind="manual",
-                    last_message_id=message_id,
-                )
+                .values(fire_count=_s.fire_count + 1, last_fire_at=now, last_fire_kind="manual")
                 .returning(*schedule_table.c)
             ).first()
             if claimed is None:
                 return None
             schedule = _schedule(claimed)
+            # The job number makes it unique: two fires within the clock's resolution (a millisecond on SQLite)
+            # are two messages.
+            message_id = manual_message_id(name, action, now, schedule.fire_count)
+            connection.execute(update(schedule_table).where(_s.name == name).values(last_message_id=message_id))
             headers = fire_headers(
                 schedule.headers, name, now.astimezone(zone), schedule.fire_count, action, True
             )
