@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -141,3 +142,34 @@ def test_times_past_the_year_9999_are_rejected_on_postgresql(store: Store) -> No
     with store.engine.connect() as connection:
         rejected(connection, "correlation_message_expires_at_readable", columns=", expires_at",
                  values=", '9999-12-31 23:00-05'")
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_calls_marked_in_flight_by_the_previous_revision_become_call_rows_at_the_upgrade(
+    dialect: str, empty_pg_url: str, tmp_path: Path
+) -> None:
+    """A replica of the previous release died with calls marked on its lease row: upgrading forgets none of them."""
+    from alembic import command
+
+    from worker.config import DatabaseSettings
+    from worker.db.base import build_engine
+    from worker.db.schema import alembic_config
+
+    url = empty_pg_url if dialect == "postgresql" else f"sqlite:///{tmp_path / 'old.db'}"
+    engine = build_engine(DatabaseSettings(url=url))
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0006")
+        for hint in ("a", "b", "c", "d"):
+            connection.execute(
+                text("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', :h)"), {"h": hint}
+            )
+        connection.execute(
+            text("UPDATE correlation_lock SET locked_by = 'old', fence = 7, in_flight = :marks "
+                 "WHERE name = (SELECT min(name) FROM correlation_lock WHERE name LIKE 'slot:%')"),
+            {"marks": '{"runs": [[1, 2], [3]], "abandoned": [4], "alone": [3]}'},
+        )
+    store = Store(engine)
+    store.schema_migrate()
+    calls = {row["message_id"]: (row["run_head"], row["state"], row["fence"]) for row in store.calls_in_flight()}
+    assert calls == {1: (1, "called", 7), 2: (1, "called", 7), 3: (3, "alone", 7), 4: (4, "abandoned", 7)}
+    store.close()
