@@ -48,7 +48,11 @@ if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.fail(f"{_MISSING}, and they are missing; set {SKIP_ENV}=1 to skip them on purpose", pytrace=False)
 
 from selenium import webdriver  # noqa: E402  (only once the browser is known to be there)
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -122,7 +126,14 @@ def wait(driver: WebDriver, condition: Callable[[WebDriver], Any], what: str) ->
 
 def text_of(driver: WebDriver, element_id: str) -> str:
     found = driver.find_elements(By.ID, element_id)
-    return found[0].text if found else ""
+    try:
+        return found[0].text if found else ""
+    except WebDriverException as error:
+        # A page replaced between finding the element and reading it (a form posted, a redirect): Chromium
+        # names this "does not belong to the document" rather than a stale element; it is the same thing.
+        if "does not belong to the document" in str(error):
+            raise StaleElementReferenceException(str(error)) from error
+        raise
 
 
 def shoot(driver: WebDriver, name: str) -> None:
