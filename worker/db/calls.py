@@ -162,78 +162,37 @@ _MARK_SQLITE = text(
     """
 )
 
-# The outcomes of calls still marked under their term, in one statement: lock those call rows (a concurrent
-# adoption of one waits, then finds it gone), lock their message rows skipping those another session holds, then
-# delete the successes, record the rest, and take the call rows out; a call whose message row is held elsewhere
-# keeps its row, marked returned, for a later flush. A message an operator paused meanwhile stays paused. It
-# answers only the exceptions (fenced, gone, deferred): every other outcome was written.
-_RECORD_CALLS_PG = text(
+# Group commits of outcomes, a few statements in one transaction. Each reaches its rows through the primary key
+# with `= ANY(array)` and joins no CTE: the plans stay linear in the batch whatever the planner guesses of the
+# arrays (prepared statements run generic plans). The sets between them are worked out by the client.
+# The call rows of the batch, locked (a concurrent adoption of one waits, then finds it gone); the client keeps
+# those still under the term their outcome was made in.
+_CALLS_OF_PG = text(
+    "SELECT message_id, slot, fence FROM correlation_call WHERE message_id = ANY(CAST(:ids AS bigint[])) FOR UPDATE"
+)
+# Message rows locked, skipping those another session holds (their outcomes are deferred, never waited on).
+_LOCK_MESSAGES_PG = text(
+    "SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) FOR UPDATE SKIP LOCKED"
+)
+_PRESENT_PG = text("SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))")
+_DELETE_MESSAGES_PG = text("DELETE FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))")
+# The other outcomes; a message an operator paused meanwhile stays paused.
+_UPDATE_MESSAGES_PG = text(
     """
-    WITH v AS (
-        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
-                             CAST(:done AS boolean[]), CAST(:attempts AS integer[]), CAST(:next AS timestamptz[]),
-                             CAST(:reschedules AS integer[]), CAST(:errors AS text[]), CAST(:dead AS boolean[]))
-               AS v(id, slot, fence, done, attempt, next_attempt_at, reschedule_count, last_error, dead)
-    ), calls AS MATERIALIZED (
-        SELECT c.message_id AS id FROM correlation_call c
-          JOIN v ON c.message_id = v.id AND c.slot = v.slot AND c.fence = v.fence
-           FOR UPDATE OF c
-    ), present AS MATERIALIZED (
-        SELECT id FROM correlation_message WHERE id IN (SELECT id FROM calls)
-    ), locked AS MATERIALIZED (
-        SELECT id FROM correlation_message WHERE id IN (SELECT id FROM calls) FOR UPDATE SKIP LOCKED
-    ), deleted AS (
-        DELETE FROM correlation_message m USING v
-         WHERE m.id = v.id AND v.done AND m.id IN (SELECT id FROM locked)
-        RETURNING m.id
-    ), updated AS (
-        UPDATE correlation_message AS m
-           SET attempt = v.attempt, next_attempt_at = v.next_attempt_at, reschedule_count = v.reschedule_count,
-               last_error = v.last_error, state = CASE WHEN v.dead THEN 'dead' ELSE m.state END,
-               lost_calls = 0, crashed_calls = 0
-          FROM v
-         WHERE m.id = v.id AND NOT v.done AND m.id IN (SELECT id FROM locked)
-        RETURNING m.id
-    ), released AS (
-        DELETE FROM correlation_call c
-         WHERE c.message_id IN (SELECT id FROM calls)
-           AND (c.message_id IN (SELECT id FROM locked) OR c.message_id NOT IN (SELECT id FROM present))
-        RETURNING c.message_id
-    ), returned AS (
-        UPDATE correlation_call c SET state = 'returned'
-         WHERE c.message_id IN (SELECT id FROM present) AND c.message_id NOT IN (SELECT id FROM locked)
-        RETURNING c.message_id
-    )
-    SELECT 'f' AS kind, v.id FROM v WHERE v.id NOT IN (SELECT id FROM calls)
-    UNION ALL SELECT 'g', id FROM calls WHERE id NOT IN (SELECT id FROM present)
-    UNION ALL SELECT 'd', id FROM present WHERE id NOT IN (SELECT id FROM locked)
+    UPDATE correlation_message AS m
+       SET attempt = v.attempt, next_attempt_at = v.next_attempt_at, reschedule_count = v.reschedule_count,
+           last_error = v.last_error, state = CASE WHEN v.dead THEN 'dead' ELSE m.state END,
+           lost_calls = 0, crashed_calls = 0
+      FROM unnest(CAST(:u_ids AS bigint[]), CAST(:u_attempts AS integer[]), CAST(:u_next AS timestamptz[]),
+                  CAST(:u_reschedules AS integer[]), CAST(:u_errors AS text[]), CAST(:u_dead AS boolean[]))
+           AS v(id, attempt, next_attempt_at, reschedule_count, last_error, dead)
+     WHERE m.id = v.id AND m.id = ANY(CAST(:u_ids AS bigint[]))
     """
 )
-
-# Outcomes of an engine without leases (no call rows): lock the rows skipping those held elsewhere, then delete
-# the successes and record the rest.
-_RECORD_PG = text(
-    """
-    WITH locked AS (
-        SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) FOR UPDATE SKIP LOCKED
-    ), deleted AS (
-        DELETE FROM correlation_message
-         WHERE id IN (SELECT id FROM locked) AND id = ANY(CAST(:done AS bigint[]))
-        RETURNING id
-    ), updated AS (
-        UPDATE correlation_message AS m
-           SET attempt = v.attempt, next_attempt_at = v.next_attempt_at, reschedule_count = v.reschedule_count,
-               last_error = v.last_error, state = CASE WHEN v.dead THEN 'dead' ELSE m.state END,
-               lost_calls = 0, crashed_calls = 0
-          FROM unnest(CAST(:u_ids AS bigint[]), CAST(:u_attempts AS integer[]),
-                      CAST(:u_next AS timestamptz[]), CAST(:u_reschedules AS integer[]),
-                      CAST(:u_errors AS text[]), CAST(:u_dead AS boolean[]))
-               AS v(id, attempt, next_attempt_at, reschedule_count, last_error, dead)
-         WHERE m.id = v.id AND m.id IN (SELECT id FROM locked)
-        RETURNING m.id
-    )
-    SELECT id FROM deleted UNION ALL SELECT id FROM updated
-    """
+_RELEASE_CALLS_PG = text("DELETE FROM correlation_call WHERE message_id = ANY(CAST(:ids AS bigint[]))")
+# A call whose message row is held elsewhere keeps its row, marked returned, for a later flush.
+_RETURN_CALLS_PG = text(
+    "UPDATE correlation_call SET state = 'returned' WHERE message_id = ANY(CAST(:ids AS bigint[]))"
 )
 
 # Calls that were not made after all (their rows leave), and calls given up on at shutdown (kept, never blamed).
@@ -318,6 +277,18 @@ _SETTLE_LOST = text(
     """
 ).bindparams(bindparam("dead", type_=Boolean()))
 _FORGET_CALL = text("DELETE FROM correlation_call WHERE message_id = :id AND fence = :fence AND slot = :slot")
+
+
+def _update_params(updates: Sequence[Disposition]) -> dict[str, list[Any]]:
+    """The arrays of outcomes other than a success, for the update of their rows."""
+    return {
+        "u_ids": [d.message_id for d in updates],
+        "u_attempts": [d.attempt for d in updates],
+        "u_next": [d.next_attempt_at for d in updates],
+        "u_reschedules": [d.reschedule_count for d in updates],
+        "u_errors": [d.last_error for d in updates],
+        "u_dead": [d.kind is Kind.DEAD for d in updates],
+    }
 
 
 def _unnest_terms(ids: Sequence[tuple[int, int, int]]) -> dict[str, list[int]]:
@@ -429,52 +400,50 @@ class CallStatements(LockStatements):
     def _record_calls_together(
         self, connection: Connection, fenced: Sequence[tuple[SlotWrite, Disposition]], result: _Result
     ) -> None:
-        params: dict[str, list[Any]] = {
-            key: [] for key in ("ids", "slots", "fences", "done", "attempts", "next", "reschedules", "errors", "dead")
+        """Outcomes of calls still marked under their term: the others are fenced (their term ended and the slot's
+        next holder counted them), a message gone meanwhile is gone, one held elsewhere is deferred."""
+        term = {d.message_id: (write.slot, write.fence.fence) for write, d in fenced if write.fence is not None}
+        marked = {
+            row.message_id for row in connection.execute(_CALLS_OF_PG, {"ids": list(term)})
+            if term.get(row.message_id) == (row.slot, row.fence)
         }
-        for write, d in fenced:
-            assert write.fence is not None
-            params["ids"].append(d.message_id)
-            params["slots"].append(write.slot)
-            params["fences"].append(write.fence.fence)
-            params["done"].append(d.kind is Kind.DELETE)
-            params["attempts"].append(d.attempt)
-            params["next"].append(d.next_attempt_at)
-            params["reschedules"].append(d.reschedule_count)
-            params["errors"].append(d.last_error)
-            params["dead"].append(d.kind is Kind.DEAD)
-        rows = connection.execute(_RECORD_CALLS_PG, params).all()
-        kinds = {"f": result.fenced, "g": result.gone, "d": result.deferred}
-        for kind, message_id in rows:
-            if kind in kinds:
-                kinds[kind].add(message_id)
-        result.written.update(
-            d.message_id for _, d in fenced
-            if d.message_id not in result.fenced and d.message_id not in result.gone
-            and d.message_id not in result.deferred
-        )
+        result.fenced |= set(term) - marked
+        locked = self._apply_together(connection, [d for _, d in fenced if d.message_id in marked], result)
+        present = self._present_many(connection, marked - locked)
+        gone = marked - locked - present
+        result.gone |= gone
+        if locked or gone:
+            connection.execute(_RELEASE_CALLS_PG, {"ids": sorted(locked | gone)})
+        if present:
+            connection.execute(_RETURN_CALLS_PG, {"ids": sorted(present)})
+            result.deferred |= present
 
     def _record_loose_together(self, connection: Connection, loose: Sequence[Disposition], result: _Result) -> None:
-        updates = [d for d in loose if d.kind is not Kind.DELETE]
-        params = {
-            "ids": [d.message_id for d in loose],
-            "done": [d.message_id for d in loose if d.kind is Kind.DELETE],
-            "u_ids": [d.message_id for d in updates],
-            "u_attempts": [d.attempt for d in updates],
-            "u_next": [d.next_attempt_at for d in updates],
-            "u_reschedules": [d.reschedule_count for d in updates],
-            "u_errors": [d.last_error for d in updates],
-            "u_dead": [d.kind is Kind.DEAD for d in updates],
-        }
-        written = set(connection.execute(_RECORD_PG, params).scalars().all())
-        missing = [d.message_id for d in loose if d.message_id not in written]
-        present = self._present(connection, missing)
-        result.written |= written
-        result.gone |= {i for i in missing if i not in present}
+        missing = {d.message_id for d in loose} - self._apply_together(connection, loose, result)
+        present = self._present_many(connection, missing)
+        result.gone |= missing - present
         result.deferred |= present
 
-    def _present(self, connection: Connection, ids: Sequence[int]) -> set[int]:
-        return {i for i in ids if connection.execute(_PRESENT_ONE, {"id": i}).first() is not None}
+    def _apply_together(self, connection: Connection, dispositions: Sequence[Disposition], result: _Result) -> set[int]:
+        """Lock these messages' rows, skipping those held elsewhere, and write the outcomes of those locked;
+        answers the locked ones."""
+        if not dispositions:
+            return set()
+        ids = [d.message_id for d in dispositions]
+        locked = set(connection.execute(_LOCK_MESSAGES_PG, {"ids": ids}).scalars())
+        done = [d.message_id for d in dispositions if d.kind is Kind.DELETE and d.message_id in locked]
+        if done:
+            connection.execute(_DELETE_MESSAGES_PG, {"ids": done})
+        others = [d for d in dispositions if d.kind is not Kind.DELETE and d.message_id in locked]
+        if others:
+            connection.execute(_UPDATE_MESSAGES_PG, _update_params(others))
+        result.written |= locked
+        return locked
+
+    def _present_many(self, connection: Connection, ids: set[int]) -> set[int]:
+        if not ids:
+            return set()
+        return set(connection.execute(_PRESENT_PG, {"ids": sorted(ids)}).scalars())
 
     def _record_call_one(
         self, connection: Connection, write: SlotWrite, disposition: Disposition, result: _Result, *, isolate: bool
