@@ -119,12 +119,10 @@ class Committer:
         metrics: Metrics,
         on_lease_lost: Callable[[int, Fence], None] = lambda slot, fence: None,
         monotonic: Callable[[], float] = time.monotonic,
-        on_settled: Callable[[set[int]], None] = lambda slots: None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self._on_lease_lost = on_lease_lost
-        self._on_settled = on_settled
         self._monotonic = monotonic
         self._cond = threading.Condition()
         self._queued: list[Outcomes] = []
@@ -139,7 +137,6 @@ class Committer:
         self._stop_by = float("inf")
         self.flushes = 0
         self.written = 0  # outcomes written (or found gone), for benchmarks and tests waiting on a drain
-        self.settles = 0  # flushes that ended some calls: a fetch that saw a call in flight compares it
 
     # -- what lanes call -----------------------------------------------------------------------------------
 
@@ -362,7 +359,6 @@ class Committer:
         now = self._monotonic()
         deferred: list[Outcomes] = []
         lost: set[tuple[int, Fence]] = set()
-        settled: set[int] = set()
         for outcomes in batches:
             ended: list[tuple[Message, str]] = [(message, "unmarked") for message in outcomes.unmark]
             ended += [(message, "abandoned") for message in outcomes.abandon]
@@ -395,12 +391,7 @@ class Committer:
             outcomes.handled.set()
             if ended:
                 self.written += sum(1 for _, how in ended if how in ("written", "gone"))
-                settled.add(outcomes.slot)
                 outcomes.on_recorded(ended)
-        if settled:
-            with self._cond:
-                self.settles += 1
-            self._on_settled(settled)
         if deferred:
             self.metrics.deferred_outcomes.inc(sum(len(o.items) for o in deferred))
             with self._cond:

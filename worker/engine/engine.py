@@ -150,7 +150,6 @@ class _Slot:
     fetching: bool = False  # a fetcher is on it
     asked: float = float("inf")  # the soonest fetch asked for while a fetch was under way (it must not be lost)
     notified_at: float = float("-inf")  # monotonic: the last wake-up saying messages arrived in the slot
-    awaits_writes: bool = False  # a fetch passed over a hint whose call's outcome was not written yet
 
     def want(self, at: float) -> None:
         """Fetch no later than ``at`` (a fetch under way keeps this for when it ends)."""
@@ -185,7 +184,7 @@ class Engine:
         self._monotonic = monotonic
         self._tick = tick  # liveness: the fetch loop calls it at least every second
         self.clock = DatabaseClock(monotonic)
-        self.committer = Committer(store, self.metrics, self._lease_lost, monotonic, on_settled=self._outcomes_settled)
+        self.committer = Committer(store, self.metrics, self._lease_lost, monotonic)
         self.lanes = Lanes(
             router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
             on_taken=self._room, monotonic=monotonic, held_back=self.held_back,
@@ -266,17 +265,6 @@ class Engine:
             for state in self._slots.values() if slots is None else filter(None, map(self._slots.get, slots)):
                 state.want(now)
                 state.notified_at = now  # a busy hint's new message: fetched once that hint's work is over
-            self._cond.notify_all()
-
-    def _outcomes_settled(self, slots: set[int]) -> None:
-        """Outcomes of these slots' calls were written (or settled otherwise): a hint a fetch passed over for one
-        of them is fetched again now, not at the poll."""
-        now = self._monotonic()
-        with self._cond:
-            for state in filter(None, map(self._slots.get, slots)):
-                if state.awaits_writes:
-                    state.awaits_writes = False
-                    state.want(now)
             self._cond.notify_all()
 
     def slots_in_use(self) -> set[int]:
@@ -480,7 +468,6 @@ class Engine:
     def _fetch_work(self, state: _Slot) -> None:
         with self._cond:
             state.asked = float("inf")  # what is asked for from now on is kept for after this fetch
-        settles = self.committer.settles  # read before the fetch: a write settled during it fetches again
         now = self._monotonic()
         pauses = self._pause_list(now)
         if any(pause.scope == "all" for pause in pauses):
@@ -521,9 +508,7 @@ class Engine:
         if batches.unreadable:
             self._dead_letter(batches.unreadable)
         fetched = len(batches.messages)
-        works, flying = self._works(
-            now, state, batches.messages, batches.in_flight, paused_names, fetched >= self.page_size
-        )
+        works = self._works(now, state, batches.messages, batches.in_flight, paused_names, fetched >= self.page_size)
         got = {work.hint for work in works}
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
@@ -541,11 +526,6 @@ class Engine:
                 state.fetched(self._next_due(now, candidates))
             if not state.adopted:  # a lost call's row is locked elsewhere: its hint waits until it can be counted
                 state.wanted_at = min(state.wanted_at, now + ADOPT_RETRY)
-            if flying:  # a hint waits for a call's outcome to be written: fetch its slot again once it is
-                if self.committer.settles != settles:
-                    state.want(now)
-                else:
-                    state.awaits_writes = True
             if not held:  # the slot is drained or gave out work (held back by the horizon it is stuck)
                 state.last_progress = now
         self.lanes.submit(works)
@@ -558,9 +538,9 @@ class Engine:
         in_flight: frozenset[int],
         paused_names: dict[str, int],
         full: bool,
-    ) -> tuple[list[HintWork], bool]:
+    ) -> list[HintWork]:
         """The fetched messages as one work per hint (in id order), ended before a message with a call in flight
-        and before a paused name's message; and whether a hint was passed over for a call in flight."""
+        and before a paused name's message."""
         by_hint: dict[str, list[Message]] = {}
         flying: set[str] = set()
         for message in messages:
@@ -582,7 +562,7 @@ class Engine:
                 continue
             cut = held is None and (len(batch) >= self.per_hint or full)
             works.append(HintWork(hint, state.slot, state.fence, deque(taken), cut, fetched_at=now))
-        return works, bool(flying)
+        return works
 
     def _next_due(self, now: float, candidates: Candidates) -> float:
         """When a drained slot is fetched again: its next due message, a hint's rest ending, or the poll."""
