@@ -129,7 +129,8 @@ class Replica:
         self.log_path = log_dir / f"{name}.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                worker_command(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                worker_command(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=log_dir,  # outside the repository: its source tree must not shadow the installed package
             )
         self._port: int | None = None
 

@@ -31,6 +31,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cluster import worker_command
 from drain import LOCAL_SERVER, URL_ENV, _conninfo, bench_database
 
 from worker.config import DatabaseSettings
@@ -95,7 +96,9 @@ def run(url: str, count: int) -> tuple[list[float], list[float]]:
     )
     log_path = workdir / "worker.log"
     log = log_path.open("wb")
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "run"], env=env, stdout=log, stderr=log)
+    # The installed console script, started outside the repository: the source tree must not shadow the install
+    # (its ``worker`` directory has no ``worker.migrations``: the package maps it from schema/ when installed).
+    worker = subprocess.Popen(worker_command(), env=env, stdout=log, stderr=log, cwd=workdir)
     try:
         producer = psycopg.connect(conninfo, autocommit=True)
         warmup = 20
