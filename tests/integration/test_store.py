@@ -402,3 +402,36 @@ def test_a_group_commit_costs_what_it_writes(store: Store, generic: bool) -> Non
             n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "correlation_call" for n in nodes
         ), f"{name}: scans the message table"
         assert _touched(nodes) <= 4 * len(ids), f"{name}: touched {_touched(nodes)} rows for {len(ids)} outcomes"
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+def test_marking_calls_reads_their_rows_by_primary_key_even_when_statistics_saw_no_row_ready(
+    store: Store, generic: bool
+) -> None:
+    """A backlog analyzed while paused, then resumed: the statistics say no row is ready, which made a partial
+    index on ready rows look cheapest for the mark's check that a message is still ready (each mark scanned all
+    of it, a replica drained three times slower). The mark reads its messages by primary key whatever they say."""
+    from worker.db import calls
+
+    with store.engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO correlation_message (message_name, correlation_hint, state) "
+            "SELECT 'n', 'h' || (g % 1000), 'paused' FROM generate_series(1, 100000) g"
+        ))
+        connection.execute(text("ANALYZE correlation_message"))
+        connection.execute(text("UPDATE correlation_message SET state = 'ready'"))
+        connection.execute(text(
+            "INSERT INTO correlation_lock (name, locked_by, fence, lock_until, locked_at) "
+            "SELECT 'slot:' || g, 'r', 1, now() + interval '1 hour', now() FROM generate_series(0, 63) g "
+            "ON CONFLICT (name) DO UPDATE SET locked_by = 'r', fence = 1, lock_until = excluded.lock_until"
+        ))
+        rows = connection.execute(text("SELECT id, slot FROM correlation_message ORDER BY id LIMIT 200")).all()
+    params = {
+        "t_names": [f"slot:{n}" for n in range(64)], "t_holders": ["r"] * 64, "t_fences": ["1"] * 64,
+        "ids": [str(row.id) for row in rows], "slots": [str(row.slot) for row in rows], "fences": ["1"] * len(rows),
+        "holders": ["r"] * len(rows), "heads": [str(rows[0].id)] * len(rows), "states": ["called"] * len(rows),
+    }
+    nodes = _explain(store, calls._MARK_PG.text, params, generic)
+    touched = [n for n in nodes if n.get("Relation Name") == "correlation_message"]
+    assert touched and not any("Index Name" in n and n["Index Name"] != "correlation_message_pkey" for n in touched)
+    assert _touched(touched) <= 2 * len(rows), f"the mark read {_touched(touched)} message rows for {len(rows)}"

@@ -124,6 +124,10 @@ _MARK_PG = text(
                AS t(name, holder, fence) ON l.name = t.name AND l.locked_by = t.holder AND l.fence = t.fence
          CROSS JOIN fast
          WHERE l.lock_until > now()
+    ), rows AS MATERIALIZED (
+        -- by primary key only: with the state in this WHERE, statistics taken while a backlog was paused (no row
+        -- ready) make a partial index on ready rows look cheapest, and each mark would scan all of it
+        SELECT id, state FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))
     ), marked AS (
         INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
         SELECT v.id, v.slot, v.fence, v.holder, v.head, v.state
@@ -131,7 +135,7 @@ _MARK_PG = text(
                       CAST(:holders AS text[]), CAST(:heads AS bigint[]), CAST(:states AS text[]))
                AS v(id, slot, fence, holder, head, state)
           JOIN terms ON terms.name = 'slot:' || v.slot AND terms.fence = v.fence
-         WHERE EXISTS (SELECT 1 FROM correlation_message m WHERE m.id = v.id AND m.state = 'ready')
+         WHERE v.id IN (SELECT id FROM rows WHERE state = 'ready')
         ON CONFLICT (message_id) DO UPDATE SET state = excluded.state, run_head = excluded.run_head
          WHERE correlation_call.slot = excluded.slot AND correlation_call.fence = excluded.fence
            AND correlation_call.state IN ('called', 'alone')
