@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import socket
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import isodate
@@ -49,16 +50,21 @@ CONFIG_FILE_ENV = "CORRELATION_CONFIG_FILE"
 FOREIGN_PREFIXES = ("CORRELATION_TEST_", "CORRELATION_BENCH_")
 
 
+LONGEST_DURATION = timedelta(days=36500)
+
+
 def parse_duration(value: object) -> timedelta:
     """Parse an ISO-8601 duration (``PT6S``) or a number of seconds into a non-negative timedelta."""
     if isinstance(value, timedelta):
         duration = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or abs(value) > LONGEST_DURATION.total_seconds():
+            raise ValueError(f"{value!r} seconds is not a duration a setting can use")
         duration = timedelta(seconds=value)
     elif isinstance(value, str):
         try:
             parsed = isodate.parse_duration(value.strip().upper())
-        except (isodate.ISO8601Error, ValueError) as exc:
+        except (isodate.ISO8601Error, ValueError, OverflowError) as exc:
             raise ValueError(f"{value!r} is not an ISO-8601 duration such as PT6S or PT1M30S") from exc
         if isinstance(parsed, isodate.Duration):
             raise ValueError(
@@ -70,6 +76,10 @@ def parse_duration(value: object) -> timedelta:
         raise ValueError(f"{value!r} is not an ISO-8601 duration such as PT6S")
     if duration < timedelta(0):
         raise ValueError(f"{value!r} is negative; durations must be zero or more")
+    if duration > LONGEST_DURATION:
+        raise ValueError(
+            f"{value!r} is longer than {format_duration(LONGEST_DURATION)} (100 years), more than any setting can use"
+        )
     return duration
 
 
@@ -83,15 +93,6 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str),
 ]
-
-
-def _require_positive(value: timedelta, what: str, example: str = "PT1M") -> timedelta:
-    """Refuse a zero duration where it would make a loop spin (an interval) or end at once (a timeout)."""
-    if value <= timedelta(0):
-        raise ValueError(
-            f"{format_duration(value)} would make {what}; use a duration greater than zero, e.g. {example}"
-        )
-    return value
 
 
 def _named(setting: str, detail: str) -> PydanticCustomError:
@@ -143,12 +144,80 @@ MaxRetries = Annotated[
 ]
 
 
+BACKOFF_BASE_MAX = 100.0  # a larger base reaches any cap within two retries: the cap is the setting to use
+
+# Durations the worker runs loops, waits and terms with, and the range each one works in (the bound is named
+# when a value is refused). A loop interval shorter than its floor keeps a core busy on an empty table; an
+# interval, delay or timeout of more than a day (a lease term: an hour) means a loop that never runs again in
+# practice, or a slot or call that waits that long on a dead replica.
+SECOND = timedelta(seconds=1)
+DAY = timedelta(days=1)
+Bounds = dict[str, tuple[timedelta, timedelta, str]]  # a setting's (least, most, why)
+DURATION_BOUNDS: Bounds = {
+    "database.connect_timeout": (SECOND, timedelta(minutes=10), "libpq counts whole seconds"),
+    "database.lock_timeout": (timedelta(milliseconds=1), timedelta(hours=1), ""),
+    "database.statement_timeout": (timedelta(milliseconds=1), DAY, ""),
+    "database.keepalive": (SECOND, timedelta(hours=1), "TCP keepalives count whole seconds"),
+    "poll.initial_delay": (timedelta(0), DAY, ""),
+    "poll.interval": (timedelta(milliseconds=100), DAY, "a shorter poll keeps a core busy on an empty table"),
+    "cleanup.initial_delay": (timedelta(0), DAY, ""),
+    "cleanup.interval": (timedelta(milliseconds=100), DAY, "a shorter interval runs cleanup in a busy loop"),
+    "metrics.gauges_interval": (timedelta(milliseconds=100), DAY, "a shorter interval counts the table in a busy loop"),
+    "lease.duration": (SECOND, timedelta(hours=1), "a dead replica's slots wait this long for a new holder"),
+    "lease.renew_interval": (timedelta(milliseconds=100), timedelta(minutes=20), ""),
+    "order.max_wait": (timedelta(0), timedelta(hours=1), "a later message waits this long behind an open transaction"),
+    "notify.sqlite_check_interval": (timedelta(milliseconds=10), timedelta(minutes=1), ""),
+    "shutdown.grace": (timedelta(0), timedelta(hours=1), ""),
+    "scheduler.reload_interval": (timedelta(milliseconds=100), DAY, ""),
+    "scheduler.misfire_threshold": (timedelta(0), timedelta(days=366), ""),
+    "admin.session_lifetime": (SECOND, timedelta(days=30), ""),
+    "admin.statement_timeout": (timedelta(milliseconds=1), timedelta(hours=1), ""),
+}
+# The policy's, for the global policy and every per-name override alike.
+POLICY_BOUNDS: Bounds = {
+    "time_to_live": (timedelta(0), LONGEST_DURATION, ""),
+    "backoff_unit": (timedelta(0), timedelta(days=366), ""),
+    "backoff_cap": (timedelta(0), timedelta(days=366), ""),
+    "handler_timeout": (timedelta(milliseconds=1), DAY, ""),
+    "reschedule_delay": (
+        SECOND, timedelta(days=366), "a shorter delay calls a handler that answers 'not yet' in a busy loop"
+    ),
+}
+
+
+def bound_problem(value: timedelta, bounds: tuple[timedelta, timedelta, str]) -> str | None:
+    """Why a duration is outside its setting's range (one sentence naming the bound), or None."""
+    low, high, why = bounds
+    because = f" ({why})" if why else ""
+    if value < low:
+        return f"{format_duration(value)} is below the least it may be, {format_duration(low)}{because}"
+    if value > high:
+        return f"{format_duration(value)} is above the most it may be, {format_duration(high)}{because}"
+    return None
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _bounds: ClassVar[Bounds] = {}
+
+    @field_validator("*")
+    @classmethod
+    def _in_range(cls, value: Any, info: ValidationInfo) -> Any:
+        bounds = cls._bounds.get(info.field_name or "")
+        problem = None if bounds is None or value is None else bound_problem(value, bounds)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+def _bounds_of(section: str) -> Bounds:
+    return {path.split(".")[1]: bounds for path, bounds in DURATION_BOUNDS.items() if path.split(".")[0] == section}
 
 
 class DatabaseSettings(_Section):
     """Where messages live. PostgreSQL for production and clusters; a SQLite file for one replica."""
+
+    _bounds: ClassVar[Bounds] = _bounds_of("database")
 
     url: str = "sqlite:///correlation.db"
     # `run` brings the schema up to date itself; with False it refuses to start on an old schema.
@@ -162,13 +231,6 @@ class DatabaseSettings(_Section):
     # TCP keepalives: a half-open connection (a peer that vanished) is detected within about 2x this.
     keepalive: Duration = timedelta(seconds=10)
 
-    @field_validator("lock_timeout", "statement_timeout", "keepalive")
-    @classmethod
-    def _positive_timeout(cls, value: timedelta) -> timedelta:
-        if value < timedelta(milliseconds=1):
-            raise ValueError("must be at least PT0.001S")
-        return value
-
     @field_validator("url")
     @classmethod
     def _known_backend(cls, url: str) -> str:
@@ -178,7 +240,9 @@ class DatabaseSettings(_Section):
     @field_validator("connect_timeout")
     @classmethod
     def _connect_timeout_positive(cls, value: timedelta) -> timedelta:
-        return _require_positive(value, "every connection attempt give up at once", "PT5S")
+        if value.microseconds:
+            raise ValueError(f"{format_duration(value)} is not whole seconds, which libpq counts in; use e.g. PT5S")
+        return value
 
 
 POSTGRESQL_SCHEMES = ("postgresql", "postgres")
@@ -224,6 +288,8 @@ def check_database_url(url: str) -> None:
 class PollSettings(_Section):
     """The correlation schedule: the first poll after ``initial_delay``, then one every ``interval``."""
 
+    _bounds: ClassVar[Bounds] = _bounds_of("poll")
+
     initial_delay: Duration = timedelta(seconds=10)
     interval: Duration = timedelta(seconds=6)
     page_size: int = Field(default=100, ge=1, le=10_000)
@@ -231,33 +297,27 @@ class PollSettings(_Section):
     # one hint never has two calls at once).
     concurrency: int = Field(default=8, ge=1, le=256)
 
-    @field_validator("interval")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("the poll interval must be greater than zero")
-        return value
 
 
 class CleanupSettings(_Section):
     """The cleanup schedule and how many expired rows one statement removes."""
 
+    _bounds: ClassVar[Bounds] = _bounds_of("cleanup")
+
     initial_delay: Duration = timedelta(minutes=1)
     interval: Duration = timedelta(minutes=1)
     chunk_size: int = Field(default=1000, ge=1, le=100_000)
 
-    @field_validator("interval")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        return _require_positive(value, "cleanup run in a busy loop")
 
 
 class PolicyOverride(_Section):
     """Per-``message_name`` policy: every field left unset is inherited from the global policy."""
 
+    _bounds: ClassVar[Bounds] = POLICY_BOUNDS
+
     time_to_live: Duration | None = None
     backoff_unit: Duration | None = None
-    backoff_base: float | None = Field(default=None, ge=1.0)
+    backoff_base: float | None = Field(default=None, ge=1.0, le=BACKOFF_BASE_MAX, allow_inf_nan=False)
     backoff_cap: Duration | None = None
     jitter: Jitter | None = None
     max_retries: MaxRetries = Field(default=None)
@@ -287,12 +347,14 @@ class PolicyOverride(_Section):
 class Policy(_Section):
     """The global retry and batching policy (DESIGN.md §3)."""
 
+    _bounds: ClassVar[Bounds] = POLICY_BOUNDS
+
     mode: Mode = Mode.FAIL_FIRST
     # -1: every eligible message of a hint per poll; 1: only the head; N: up to N.
     batch_size: int = -1
     time_to_live: Duration | None = None
     backoff_unit: Duration = timedelta(minutes=1)
-    backoff_base: float = Field(default=2.0, ge=1.0)
+    backoff_base: float = Field(default=2.0, ge=1.0, le=BACKOFF_BASE_MAX, allow_inf_nan=False)
     backoff_cap: Duration = timedelta(minutes=180)
     jitter: Jitter = Jitter.NONE
     max_retries: MaxRetries = 100
@@ -307,13 +369,6 @@ class Policy(_Section):
     def _batch_size(cls, value: int) -> int:
         if value == 0 or value < -1:
             raise ValueError("must be -1 (the whole batch) or a number >= 1")
-        return value
-
-    @field_validator("handler_timeout")
-    @classmethod
-    def _timeout_positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("the handler timeout must be greater than zero")
         return value
 
     @model_validator(mode="after")
@@ -355,16 +410,14 @@ def backoff_problem(policy: Policy) -> tuple[str, str] | None:
 class MetricsSettings(_Section):
     """The HTTP endpoint for /metrics, /healthz and /readyz."""
 
+    _bounds: ClassVar[Bounds] = _bounds_of("metrics")
+
     host: str = "0.0.0.0"
     port: int = Field(default=9464, ge=0, le=65535)
     enabled: bool = True
     # How often one replica counts the table for the state gauges.
     gauges_interval: Duration = timedelta(seconds=15)
 
-    @field_validator("gauges_interval")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        return _require_positive(value, "the table census run in a busy loop")
 
 
 class LogSettings(_Section):
@@ -392,6 +445,8 @@ class LeaseSettings(_Section):
     starts unless it can end (its handler timeout) before the lease could: the handler timeout must fit in
     ``duration - renew_interval - safety_margin``.
     """
+
+    _bounds: ClassVar[Bounds] = _bounds_of("lease")
 
     duration: Duration = timedelta(seconds=40)
     # At most a third of the duration, so that two renewals can fail before a term ends.
@@ -432,6 +487,8 @@ class LeaseSettings(_Section):
 class OrderSettings(_Section):
     """The commit-order horizon: how long a running producer transaction may hold back later messages."""
 
+    _bounds: ClassVar[Bounds] = _bounds_of("order")
+
     # A message is never correlated while an earlier id of its hint may still commit; a producer transaction
     # open longer than this stops holding the others back (DESIGN.md §3, README "Order").
     max_wait: Duration = timedelta(seconds=5)
@@ -439,6 +496,8 @@ class OrderSettings(_Section):
 
 class NotifySettings(_Section):
     """Wake-ups: LISTEN for the producers' NOTIFY on PostgreSQL; watch the file's version on SQLite."""
+
+    _bounds: ClassVar[Bounds] = _bounds_of("notify")
 
     enabled: bool = True
     # SQLite: how often the file is checked for commits by other processes.
@@ -454,6 +513,8 @@ class AdminSettings(_Section):
     Off unless a token is set (secure by default). ``token`` may read and act; ``read_token`` may only read.
     The audit names who acted by the token's name, never by the secret.
     """
+
+    _bounds: ClassVar[Bounds] = _bounds_of("admin")
 
     token: SecretStr | None = None
     read_token: SecretStr | None = None
@@ -477,11 +538,6 @@ class AdminSettings(_Section):
                 "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
         return value
-
-    @field_validator("session_lifetime", "statement_timeout")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        return _require_positive(value, "every login or console query end at once", "PT5S")
 
     @model_validator(mode="after")
     def _distinct(self) -> AdminSettings:
@@ -509,6 +565,8 @@ class AdminSettings(_Section):
 class ShutdownSettings(_Section):
     """How long SIGTERM waits for the current message before abandoning it."""
 
+    _bounds: ClassVar[Bounds] = _bounds_of("shutdown")
+
     grace: Duration = timedelta(seconds=30)
 
 
@@ -519,6 +577,8 @@ class SchedulerSettings(_Section):
     ``correlation_scheduler`` (``correlation-worker schedules disable``).
     """
 
+    _bounds: ClassVar[Bounds] = _bounds_of("scheduler")
+
     enabled: bool = True
     # Schedules added, changed or deleted with SQL take effect within this interval.
     reload_interval: Duration = timedelta(seconds=10)
@@ -527,12 +587,6 @@ class SchedulerSettings(_Section):
     # fire_all publishes at most this many missed fire times (the most recent ones).
     fire_all_limit: int = Field(default=100, ge=1, le=1000)
 
-    @field_validator("reload_interval")
-    @classmethod
-    def _reload_positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("the reload interval must be greater than zero")
-        return value
 
 
 def _default_routes() -> dict[str, str | dict[str, Any]]:

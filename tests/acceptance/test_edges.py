@@ -86,7 +86,7 @@ def startup_error(result: subprocess.CompletedProcess[str]) -> str:
     [
         ({"cleanup__interval": "PT0S"}, "CORRELATION_CLEANUP__INTERVAL", "busy loop"),
         ({"metrics__gauges_interval": "PT0S"}, "CORRELATION_METRICS__GAUGES_INTERVAL", "busy loop"),
-        ({"lease__renew_interval": "PT0S"}, "CORRELATION_LEASE__RENEW_INTERVAL", "greater than zero"),
+        ({"lease__renew_interval": "PT0S"}, "CORRELATION_LEASE__RENEW_INTERVAL", "below the least it may be, PT0.1S"),
         ({"policy__backoff_cap": "PT0S"}, "CORRELATION_POLICY__BACKOFF_CAP", "every poll"),
         ({"policy__backoff_cap": "PT10S"}, "CORRELATION_POLICY__BACKOFF_CAP", "below the backoff unit PT1M"),
         (
@@ -99,6 +99,13 @@ def startup_error(result: subprocess.CompletedProcess[str]) -> str:
         ({"database__url": "sqlite://"}, "CORRELATION_DATABASE__URL", "in-memory"),
         ({"database__url": "sqlite:///:memory:"}, "CORRELATION_DATABASE__URL", "in-memory"),
         ({"correlators": '{"*": 5}'}, "CORRELATION_CORRELATORS[*]", "5 is not a route"),
+        # Loops that would spin, waits that never end, numbers no clock or backoff can use.
+        ({"poll__interval": "PT0.0001S"}, "CORRELATION_POLL__INTERVAL", "below the least it may be, PT0.1S"),
+        ({"policy__reschedule_delay": "PT0S"}, "CORRELATION_POLICY__RESCHEDULE_DELAY", "PT1S"),
+        ({"cleanup__initial_delay": "P36000D"}, "CORRELATION_CLEANUP__INITIAL_DELAY", "above the most it may be, P1D"),
+        ({"policy__handler_timeout": "P99999999D"}, "CORRELATION_POLICY__HANDLER_TIMEOUT", "100 years"),
+        ({"policy__backoff_base": "inf"}, "CORRELATION_POLICY__BACKOFF_BASE", "finite"),
+        ({"database__connect_timeout": "PT0.5S"}, "CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT1S"),
     ],
 )
 def test_a_setting_that_cannot_work_is_refused_by_check_config_with_one_line(
@@ -112,8 +119,11 @@ def test_a_setting_that_cannot_work_is_refused_by_check_config_with_one_line(
 @pytest.mark.parametrize("subcommand", ["run", "status", "migrate"])
 @pytest.mark.parametrize(
     "settings",
-    [{"cleanup__interval": "PT0S"}, {"database__url": "postgres://app@db:54x2/app"}, {"correlators": '{"*": 5}'}],
-    ids=["zero-interval", "bad-port", "route-of-wrong-type"],
+    [
+        {"cleanup__interval": "PT0S"}, {"database__url": "postgres://app@db:54x2/app"}, {"correlators": '{"*": 5}'},
+        {"poll__interval": "PT0.0001S"},
+    ],
+    ids=["zero-interval", "bad-port", "route-of-wrong-type", "spinning-poll"],
 )
 def test_every_command_refuses_such_a_setting_before_doing_anything(
     pg_db: Database, subcommand: str, settings: dict[str, str]

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import ConfigError, Jitter, Mode, load_settings
+from worker.config import (
+    DURATION_BOUNDS,
+    LONGEST_DURATION,
+    POLICY_BOUNDS,
+    ConfigError,
+    Jitter,
+    Mode,
+    format_duration,
+    load_settings,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -58,14 +67,14 @@ def test_environment_sets_nested_values(monkeypatch: pytest.MonkeyPatch) -> None
         ("CORRELATION_DATABASE__URL", "mysql://x", "not supported"),
         ("CORRELATION_POLL__PAGE_SIZE", "0", "greater than or equal to 1"),
         # Zero intervals of a loop would spin it.
-        ("CORRELATION_POLL__INTERVAL", "PT0S", "greater than zero"),
+        ("CORRELATION_POLL__INTERVAL", "PT0S", "below the least it may be, PT0.1S"),
         ("CORRELATION_CLEANUP__INTERVAL", "PT0S", "busy loop"),
         ("CORRELATION_METRICS__GAUGES_INTERVAL", "PT0S", "busy loop"),
-        ("CORRELATION_LEASE__RENEW_INTERVAL", "PT0S", "greater than zero"),
-        ("CORRELATION_LEASE__DURATION", "PT0S", "a lease must last"),
+        ("CORRELATION_LEASE__RENEW_INTERVAL", "PT0S", "below the least it may be, PT0.1S"),
+        ("CORRELATION_LEASE__DURATION", "PT0S", "below the least it may be, PT1S"),
         ("CORRELATION_LEASE__SAFETY_MARGIN", "PT36S", "PT35S"),
         ("CORRELATION_LEASE__DRAIN", "PT40S", "shorter than the lease duration PT40S"),
-        ("CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT0S", "greater than zero"),
+        ("CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT0S", "below the least it may be, PT1S"),
         # A backoff that retries at every poll, or whose cap silently shortens every delay.
         ("CORRELATION_POLICY__BACKOFF_CAP", "PT0S", "every poll"),
         ("CORRELATION_POLICY__BACKOFF_CAP", "PT30S", "below the backoff unit PT1M"),
@@ -235,3 +244,84 @@ def test_an_async_handler_is_refused_when_its_route_is_built() -> None:
 
     with pytest.raises(ConfigError, match=r"CORRELATION_CORRELATORS\[\*\].*async function"):
         Router.from_settings({"*": "tests.unit.test_config:_async_handler"})
+
+
+def _env_name(path: str) -> str:
+    section, field_name = path.split(".")
+    return f"CORRELATION_{section.upper()}__{field_name.upper()}"
+
+
+def _outside(bounds: tuple[timedelta, timedelta, str]) -> list[tuple[str, str]]:
+    """A value just below the least (when there is room below it) and one just above the most."""
+    low, high, _ = bounds
+    above = "100 years" if high == LONGEST_DURATION else f"the most it may be, {format_duration(high)}"
+    values = [(format_duration(high + timedelta(seconds=1)), above)]
+    if low > timedelta(0):
+        values.append((format_duration(low - low / 10), f"the least it may be, {format_duration(low)}"))
+    return values
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        (_env_name(path), value, expected)
+        for path, bounds in DURATION_BOUNDS.items() for value, expected in _outside(bounds)
+    ] + [
+        (f"CORRELATION_POLICY__{field.upper()}", value, expected)
+        for field, bounds in POLICY_BOUNDS.items() for value, expected in _outside(bounds)
+    ],
+)
+def test_every_duration_outside_its_range_is_refused_naming_the_bound(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    if name == "CORRELATION_LEASE__DURATION":  # the other lease terms must fit into a long one
+        monkeypatch.setenv("CORRELATION_POLICY__HANDLER_TIMEOUT", "PT1S")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert "\n" not in message and name in message and expected in message, message
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("CORRELATION_POLL__INTERVAL", "PT0.0001S", "PT0.1S"),
+        ("CORRELATION_POLICY__RESCHEDULE_DELAY", "PT0S", "busy loop"),
+        ("CORRELATION_POLL__INITIAL_DELAY", "P36500D", "P1D"),
+        ("CORRELATION_POLL__INTERVAL", "P99999999D", "100 years"),
+        ("CORRELATION_POLL__INTERVAL", "1e300", "not an ISO-8601 duration"),
+        ("CORRELATION_POLICY__BACKOFF_BASE", "inf", "finite"),
+        ("CORRELATION_POLICY__BACKOFF_BASE", "nan", "finite"),
+        ("CORRELATION_POLICY__BACKOFF_BASE", "1000", "100"),
+        ("CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT0.5S", "PT1S"),
+        ("CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT2.5S", "whole seconds"),
+    ],
+)
+def test_values_users_tried_are_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert "\n" not in message and name in message and expected in message, message
+
+
+def test_a_per_name_override_outside_its_range_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRELATION_POLICIES", '{"order.paid": {"reschedule_delay": "PT0.5S"}}')
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "CORRELATION_POLICIES[order.paid].reschedule_delay: PT0.5S is below the least it may be, PT1S" in str(
+        info.value
+    )
+
+
+def test_the_readme_gives_every_durations_range() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    rows = {
+        _env_name(path): bounds for path, bounds in DURATION_BOUNDS.items()
+    } | {f"CORRELATION_POLICY__{field.upper()}": bounds for field, bounds in POLICY_BOUNDS.items()}
+    for name, (low, high, _) in rows.items():
+        row = f"| `{name}` | `{format_duration(low)}` | `{format_duration(high)}` |"
+        assert row in readme, f"the README's table of ranges lacks {row}"

@@ -151,7 +151,7 @@ def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
     """libpq parameters of every worker session: timeouts, keepalives, UTC, a recognisable name."""
     keepalive = max(1, int(settings.keepalive.total_seconds()))
     return {
-        "connect_timeout": max(1, int(settings.connect_timeout.total_seconds())),
+        "connect_timeout": int(settings.connect_timeout.total_seconds()),
         "application_name": "correlation-worker",
         "options": (
             "-c timezone=UTC -c default_transaction_isolation=read\\ committed"
