@@ -14,6 +14,7 @@ import math
 import os
 import re
 import socket
+import unicodedata
 from collections.abc import Mapping
 from datetime import timedelta
 from enum import StrEnum
@@ -37,6 +38,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -142,6 +144,17 @@ MaxRetries = Annotated[
     BeforeValidator(_parse_max_retries),
     PlainSerializer(lambda v: "unlimited" if v is None else v),
 ]
+
+
+def name_problem(name: str) -> str | None:
+    """Why a name (a route, a token's name) would not match or print as it reads, or None."""
+    if not name.strip():
+        return "is blank"
+    if name != name.strip():
+        return "starts or ends with a space"
+    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in name):
+        return "holds a control or invisible formatting character"
+    return None
 
 
 BACKOFF_BASE_MAX = 100.0  # a larger base reaches any cap within two retries: the cap is the setting to use
@@ -529,9 +542,21 @@ class AdminSettings(_Section):
     # Counts stop here and show as e.g. "10000+" (a count never reads more than this many rows).
     count_limit: int = Field(default=10_000, ge=100, le=1_000_000)
 
+    @field_validator("token_name", "read_token_name")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        problem = name_problem(value)
+        if problem is not None:
+            raise ValueError(f"{value!r} {problem}; the audit writes this name into every entry")
+        return value
+
     @field_validator("token", "read_token")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError(
+                "is only blanks; make a token with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
         if value is not None and len(value.get_secret_value()) < TOKEN_MIN_LENGTH:
             raise ValueError(
                 f"a token must have at least {TOKEN_MIN_LENGTH} characters; make one with "
@@ -607,6 +632,21 @@ def _route_shape(value: object) -> object:
 Route = Annotated[str | dict[str, Any], BeforeValidator(_route_shape)]
 
 
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"the key {twice[0]!r} is given twice (JSON keeps only the last); give each key once")
+    return dict(pairs)
+
+
+class _StrictJsonEnvSource(EnvSettingsSource):
+    """The environment, with JSON values whose duplicate keys are refused instead of silently collapsed."""
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        return json.loads(value, object_pairs_hook=_refuse_duplicate_keys)
+
+
 class Settings(BaseSettings):
     """Every setting of correlation-worker. Build it with :func:`load_settings`."""
 
@@ -648,7 +688,31 @@ class Settings(BaseSettings):
     def _routes_not_empty(cls, value: dict[str, Any]) -> dict[str, Any]:
         if not value:
             raise ValueError('at least one route is needed, e.g. {"*": "log"}')
+        for name in value:
+            problem = name_problem(name)
+            if problem is not None:
+                raise ValueError(f"the route name {name!r} {problem}; a route is named by a message_name exactly")
         return value
+
+    @model_validator(mode="after")
+    def _http_timeouts_fit(self) -> Settings:
+        # An HTTP call allowed to outlast its handler timeout is abandoned as hung first, its answer never read.
+        for name, spec in self.correlators.items():
+            if not isinstance(spec, dict) or spec.get("type") != "http":
+                continue
+            try:
+                timeout = parse_duration(spec.get("timeout", "PT10S"))
+            except ValueError:
+                continue  # the route itself says what is wrong with it when it is built
+            handler_timeout = self.policy_for(name).handler_timeout
+            if timeout > handler_timeout:
+                raise _named(
+                    f"{ENV_PREFIX}CORRELATORS[{name}]",
+                    f"its timeout {format_duration(timeout)} is longer than the handler timeout "
+                    f"{format_duration(handler_timeout)}: the call would be given up as hung before its answer "
+                    "came; make the route's timeout shorter or the policy's handler_timeout longer",
+                )
+        return self
 
     @model_validator(mode="after")
     def _overrides_sound(self) -> Settings:
@@ -692,10 +756,14 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Arguments win over the environment, which wins over the TOML file."""
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _StrictJsonEnvSource(settings_cls)]
         config_file = os.environ.get(CONFIG_FILE_ENV)
         if config_file:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+            path = Path(config_file)
+            if not path.is_file():
+                what = "is a directory" if path.is_dir() else "does not exist"
+                raise ValueError(f"{CONFIG_FILE_ENV}: {config_file} {what}; name a TOML file, or unset it")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
 
     def policy_for(self, message_name: str) -> Policy:
@@ -786,5 +854,7 @@ def load_settings(**overrides: Any) -> Settings:
         field = re.search(r'field "([a-z_]+)"', str(error))
         if field:
             name = ENV_PREFIX + field.group(1).upper()
-            raise ConfigError(f"invalid setting {name}: the value is not valid JSON") from None
+            twice = re.search(r"the key .* given twice.*", f"{error} {error.__cause__}")
+            detail = twice.group(0) if twice else "the value is not valid JSON"
+            raise ConfigError(f"invalid setting {name}: {detail}") from None
         raise ConfigError(f"invalid configuration: {error}") from None

@@ -325,3 +325,81 @@ def test_the_readme_gives_every_durations_range() -> None:
     for name, (low, high, _) in rows.items():
         row = f"| `{name}` | `{format_duration(low)}` | `{format_duration(high)}` |"
         assert row in readme, f"the README's table of ranges lacks {row}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"type": "http", "url": "http://engine", "tiemout": "PT1S"},
+            "'tiemout' is not a key of a http route (did you mean 'timeout'?)",
+        ),
+        ({"type": "python", "handler": "json:dumps", "url": "http://x"}, "'url' is not a key of a python route"),
+        ({"type": "http", "url": "http://"}, "names no host"),
+        ({"type": "http", "url": "https://:8080/engine"}, "names no host"),
+        ({"type": "http", "url": "http://engine", "headers": {"X-Tenant": "a\r\nX-Admin: 1"}}, "line break or NUL"),
+        ({"type": "http", "url": "http://engine", "headers": {"X-A\n": "b"}}, "line break or NUL"),
+        ("time:time", "cannot be called with one argument"),
+        ("os:getpid", "cannot be called with one argument"),
+        ("tests.unit.test_config:_two_arguments", "cannot be called with one argument"),
+    ],
+)
+def test_a_route_that_cannot_work_is_refused_when_it_is_built(spec: object, expected: str) -> None:
+    from worker.correlators import Router
+
+    with pytest.raises(ConfigError) as info:
+        Router.from_settings({"*": spec})  # type: ignore[dict-item]
+    assert "CORRELATION_CORRELATORS[*]" in str(info.value) and expected in str(info.value), str(info.value)
+
+
+def _two_arguments(message: object, other: object) -> None:
+    """Not a correlator: it needs two arguments."""
+
+
+def test_handlers_that_take_a_message_are_accepted() -> None:
+    from worker.correlators import Router
+
+    Router.from_settings({"a": "json:dumps", "b": "builtins:print", "c": "tests.unit.test_config:_one_or_more"})
+
+
+def _one_or_more(message: object, *rest: object, flag: bool = False) -> None:
+    """A correlator with optional extras."""
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("CORRELATION_CORRELATORS", '{"*": "log", "*": "log"}', "the key '*' is given twice"),
+        ("CORRELATION_POLICIES", '{"a": {"max_retries": 1}, "a": {"max_retries": 2}}', "the key 'a' is given twice"),
+        ("CORRELATION_CORRELATORS", '{"order.paid ": "log"}', "'order.paid ' starts or ends with a space"),
+        ("CORRELATION_CORRELATORS", '{"   ": "log"}', "is blank"),
+        ("CORRELATION_CORRELATORS", '{"order\\u202epaid": "log"}', "control or invisible formatting character"),
+        ("CORRELATION_ADMIN__TOKEN", " " * 16, "only blanks"),
+        ("CORRELATION_ADMIN__TOKEN_NAME", "ad\nmin", "control or invisible formatting character"),
+        ("CORRELATION_ADMIN__READ_TOKEN_NAME", " viewer", "starts or ends with a space"),
+        (
+            "CORRELATION_CORRELATORS", '{"*": {"type": "http", "url": "http://engine", "timeout": "PT1M"}}',
+            "longer than the handler timeout PT30S",
+        ),
+    ],
+)
+def test_near_misses_in_settings_are_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert "\n" not in message and name in message and expected in message, message
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_a_config_file_that_is_not_a_file_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "absent.toml" if kind == "missing" else tmp_path
+    monkeypatch.setenv("CORRELATION_CONFIG_FILE", str(path))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    said = "does not exist" if kind == "missing" else "is a directory"
+    assert "CORRELATION_CONFIG_FILE" in str(info.value) and said in str(info.value)

@@ -9,6 +9,7 @@ means retry, except :class:`~worker.policy.outcomes.PermanentError` (dead) and
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,14 @@ class Router:
         return dict(self._descriptions)
 
 
+# The keys each kind of route takes: any other (a misspelling such as "tiemout") is refused, not ignored.
+ROUTE_KEYS = {
+    "log": frozenset({"type"}),
+    "python": frozenset({"type", "handler"}),
+    "http": frozenset({"type", "url", "preset", "timeout", "headers"}),
+}
+
+
 def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
     setting = f"CORRELATION_CORRELATORS[{name}]"
     if isinstance(spec, str):
@@ -54,6 +63,13 @@ def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
             return load_callable(spec, setting)
         raise ConfigError(f"invalid setting {setting}: {spec!r} is neither 'log' nor 'module:function'")
     kind = spec.get("type")
+    known = ROUTE_KEYS.get(kind) if isinstance(kind, str) else None
+    for key in spec:
+        if known is not None and key not in known:
+            near = difflib.get_close_matches(str(key), sorted(known), n=1)
+            keys = ", ".join(sorted(known))
+            hint = f" (did you mean {near[0]!r}?)" if near else f"; the keys of a {kind} route: {keys}"
+            raise ConfigError(f"invalid setting {setting}: {key!r} is not a key of a {kind} route{hint}")
     if kind == "log":
         return LogCorrelator()
     if kind == "python":

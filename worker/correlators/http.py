@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -90,6 +91,12 @@ class HttpCorrelator:
         url = spec.get("url")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"invalid setting {setting}: an http correlator needs a 'url' starting with http(s)://")
+        try:
+            host = urlsplit(url).hostname
+        except ValueError as error:
+            raise ConfigError(f"invalid setting {setting}: the url is not one ({error})") from None
+        if not host:
+            raise ConfigError(f"invalid setting {setting}: the url {redact_url(url)!r} names no host")
         preset = spec.get("preset")
         if preset not in (None, "camunda7"):
             raise ConfigError(f"invalid setting {setting}: unknown preset {preset!r}; the known one is 'camunda7'")
@@ -102,6 +109,12 @@ class HttpCorrelator:
         headers = spec.get("headers") or {}
         if not isinstance(headers, dict):
             raise ConfigError(f"invalid setting {setting}: 'headers' must be an object")
+        for key, value in headers.items():
+            if any(char in f"{key}{value}" for char in "\r\n\0"):
+                raise ConfigError(
+                    f"invalid setting {setting}: the header {str(key)!r} holds a line break or NUL, which would split "
+                    "the request"
+                )
         return cls(url, preset=preset, timeout=timeout, headers={str(k): str(v) for k, v in headers.items()})
 
     def __call__(self, message: Message) -> None:

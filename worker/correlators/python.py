@@ -33,5 +33,24 @@ def load_callable(spec: str, setting: str) -> Callable[[Any], object]:
             f"invalid setting {setting}: {spec!r} is an async function; correlators are called on worker "
             "threads and must be plain functions"
         )
+    if not _takes_one_argument(target):
+        raise ConfigError(
+            f"invalid setting {setting}: {spec!r} cannot be called with one argument (the message); a correlator "
+            "is a function such as def on_paid(message): ..."
+        )
     handler: Callable[[Any], object] = target
     return handler
+
+
+def _takes_one_argument(target: Any) -> bool:
+    """False when the callable surely cannot take one positional argument (its signature, or for a built-in
+    without one the first line of its documentation, ``time() -> …``); True when it can or cannot be told."""
+    try:
+        inspect.signature(target).bind(object())
+    except TypeError:
+        return False
+    except ValueError:  # a built-in without a signature
+        lines = (getattr(target, "__doc__", None) or "").strip().splitlines()
+        name = getattr(target, "__name__", "")
+        return not (name and lines and lines[0].startswith(f"{name}()"))
+    return True
