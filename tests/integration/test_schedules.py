@@ -390,6 +390,21 @@ def test_an_invalid_row_is_reported_never_fired_and_does_not_stop_the_others(any
     assert fixed is not None and fixed.invalid_reason is None and fixed.next_fire_at is not None
 
 
+def test_a_row_whose_expression_no_date_matches_is_marked_with_the_reason(any_store: Store) -> None:
+    with any_store.engine.begin() as connection:
+        connection.execute(text("INSERT INTO correlation_schedule (name, cron, message_name) VALUES "
+                                "('feb-31', '0 0 0 31 2 ?', 'x'), ('leap-2100', '0 0 0 29 2 ? 2100', 'x'), "
+                                "('leap-day', '0 0 0 29 2 ?', 'x')"))
+    service = scheduler(any_store)
+    assert service.run_once().invalid == 2
+    for name in ("feb-31", "leap-2100"):
+        row = any_store.schedule_get(name)
+        assert row is not None and row.invalid_reason is not None and "never fire" in row.invalid_reason
+    leap_day = any_store.schedule_get("leap-day")
+    assert leap_day is not None and leap_day.invalid_reason is None and leap_day.next_fire_at is not None
+    assert leap_day.next_fire_at.month == 2 and leap_day.next_fire_at.day == 29
+
+
 def test_a_cron_changed_with_sql_is_planned_again(any_store: Store) -> None:
     add(any_store, cron="0 0 3 1 1 ? 2099")
     service = scheduler(any_store)
@@ -477,6 +492,8 @@ def test_add_checks_every_value_and_refuses_a_taken_name(any_store: Store) -> No
     refusals = [
         ({"name": "nightly"}, "exists already"),
         ({"cron": "0 0 3 * * *"}, "invalid cron expression: day-of-week"),
+        ({"cron": "0 0 0 31 2 ?"}, "invalid cron expression: day-of-month: no date matches .* never fire"),
+        ({"cron": "0 0 0 ? 2 5#5 2021"}, "invalid cron expression: day-of-week: no date matches"),
         ({"time_zone": "Mars/Base"}, "unknown time zone"),
         ({"misfire": "sometimes"}, "unknown misfire policy"),
         ({"headers": [1]}, "must be a JSON object"),

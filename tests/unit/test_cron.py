@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from tests.unit.cron_reference import Reference
-from worker.policy.cron import CronError, is_valid, parse
+from worker.policy.cron import CronError, is_valid, parse, parse_schedulable
 
 END = None  # no fire time after the ones listed
 
@@ -527,3 +527,18 @@ def test_next_after_needs_an_instant_and_looks_strictly_after_it() -> None:
 def test_no_fire_time_after_the_last_year() -> None:
     assert parse("0 0 0 1 1 ? 2005").next_after(datetime(2005, 1, 1, tzinfo=UTC), UTC) is None
     assert parse("0 0 0 1 1 ?").next_after(datetime(2199, 1, 1, tzinfo=UTC), UTC) is None
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["0 0 0 31 2 ?", "0 0 0 30 2 ?", "0 0 0 29 2 ? 2100", "0 0 0 31 4,6,9,11 ?", "0 0 0 ? 2 5#5 2021", "0 0 0 30W 2 ?"],
+)
+def test_an_expression_no_date_matches_is_refused_for_a_schedule(expression: str) -> None:
+    parse(expression)  # Quartz accepts it...
+    with pytest.raises(CronError, match=r"no date matches .* never fire"):
+        parse_schedulable(expression)  # ...and never fires it: a schedule refuses it
+
+
+@pytest.mark.parametrize("expression", ["0 0 0 29 2 ?", "0 0 0 L 2 ?", "0 0 0 31 1-12 ?", "0 0 0 ? 2 5#5"])
+def test_an_expression_that_fires_some_day_is_schedulable(expression: str) -> None:
+    assert parse_schedulable(expression).next_after(datetime(2026, 1, 1, tzinfo=UTC), UTC) is not None

@@ -17,7 +17,7 @@ from worker.db.schedules import NewSchedule, Schedule, ScheduleRejected
 from worker.db.schema import HINT_MAX_LENGTH
 from worker.db.store import Store
 from worker.engine.scheduler import compile_schedule, load_zone
-from worker.policy.cron import CronError, parse
+from worker.policy.cron import CronError, parse_schedulable
 from worker.policy.scheduling import FireAction, MisfirePolicy
 
 NAME_MAX_LENGTH = 255
@@ -145,7 +145,7 @@ def schedule_add(
     _text(message_name, "message name", NAME_MAX_LENGTH)
     _text(hint, "correlation hint", HINT_MAX_LENGTH)
     try:
-        parse(cron)
+        parse_schedulable(cron)
     except CronError as error:
         raise AdminError(f"invalid cron expression: {error}") from None
     try:
@@ -226,7 +226,7 @@ def next_fire_times(expression: str, after: str | None, time_zone: str, count: i
 
     Raises :class:`~worker.policy.cron.CronError` for the expression and ValueError for the zone or the time.
     """
-    parsed = parse(expression)
+    parsed = parse_schedulable(expression)
     zone = load_zone(time_zone)
     if after is None:
         start = now

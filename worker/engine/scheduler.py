@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from worker.config import SchedulerSettings
 from worker.db.schedules import FireOutcome, Schedule
 from worker.db.store import DatabaseUnavailable, Store
-from worker.policy.cron import CronError, CronExpression, parse
+from worker.policy.cron import CronError, CronExpression, parse_schedulable
 from worker.policy.scheduling import DEFAULT_CHUNK_LIMIT, plan_due
 from worker.service.metrics import Metrics
 
@@ -49,7 +49,7 @@ def load_zone(name: str) -> ZoneInfo:
 def compile_schedule(cron: str, time_zone: str) -> tuple[CronExpression, ZoneInfo]:
     """The parsed expression and zone of a schedule; ValueError (a :class:`CronError` for the expression) saying
     why it cannot fire."""
-    expression = parse(cron)
+    expression = parse_schedulable(cron)
     return expression, load_zone(time_zone)
 
 

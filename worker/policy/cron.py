@@ -319,6 +319,21 @@ def parse(text: str) -> CronExpression:
     return CronExpression(text.strip(), seconds, minutes, hours, day_of_month, months, day_of_week, years)
 
 
+def parse_schedulable(text: str) -> CronExpression:
+    """:func:`parse`, refusing as well an expression no date matches at all (31 February, 30 February in any
+    year, 29 February only in years that have none): Quartz accepts such an expression and never fires it."""
+    expression = parse(text)
+    for year in expression.years:
+        for month in expression.months:
+            if expression.days_in(year, month):
+                return expression
+    raise CronError(
+        "no date matches its day-of-month or day-of-week, month and year fields together (such as 31 February): "
+        "it would never fire",
+        "day-of-month" if expression.day_of_month is not None else "day-of-week",
+    )
+
+
 def is_valid(text: str) -> bool:
     """True when ``text`` is a valid Quartz cron expression."""
     try:
