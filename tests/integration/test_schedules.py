@@ -554,3 +554,24 @@ def test_manual_fires_back_to_back_within_one_tick_of_the_clock_each_publish_the
     ids = [fire.message_id for fire in published if fire is not None]
     assert len(set(ids)) == 300 and [fire.job_number for fire in published if fire] == list(range(1, 301))
     assert len(messages(any_store)) == 300
+
+
+def test_a_fire_time_the_zone_skips_is_skipped_as_quartz_does_and_said(
+    any_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    from zoneinfo import ZoneInfo
+
+    year = 2101
+    spring = max(day for day in range(25, 32) if datetime(year, 3, day).weekday() == 6)  # Berlin springs forward
+    assert datetime(year, 3, spring, 2, 30, tzinfo=ZoneInfo("Europe/Berlin")).astimezone(UTC).astimezone(
+        ZoneInfo("Europe/Berlin")).hour == 3, "02:30 does not exist that night"
+    add(any_store, name="nightly", cron=f"0 30 2 {spring} 3 ? {year},{year + 1}", time_zone="Europe/Berlin")
+    service = scheduler(any_store)
+    with caplog.at_level("WARNING"):
+        service.run_once()
+    planned = any_store.schedule_get("nightly")
+    assert planned is not None and planned.next_fire_at is not None and planned.next_fire_at.year == year + 1
+    assert sample(service.metrics, "correlation_schedule_nonexistent_times_total", schedule="nightly") == 1
+    assert any(
+        "nightly" in r.getMessage() and f"{year}-03-{spring} 02:30:00" in r.getMessage() for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]

@@ -227,3 +227,16 @@ def test_next_defaults_to_now() -> None:
     code, output = run_next("* * * * * ?", "--count", "1")
     fire = datetime.fromisoformat(output.strip())
     assert code == 0 and timedelta(0) < fire - datetime.now(UTC) <= timedelta(seconds=2)
+
+
+def test_a_plan_names_the_fire_times_the_zone_skipped_on_the_way_to_the_next() -> None:
+    from zoneinfo import ZoneInfo
+
+    from worker.policy.cron import parse
+    from worker.policy.scheduling import MisfirePolicy, plan_due
+
+    berlin = ZoneInfo("Europe/Berlin")
+    due = datetime(2030, 3, 30, 2, 30, tzinfo=berlin)  # the night before Berlin springs forward (31 March 2030)
+    plan = plan_due(parse("0 30 2 * * ?"), berlin, due, due + timedelta(seconds=1), MisfirePolicy.FIRE_ONCE_NOW)
+    assert plan.next_fire_at == datetime(2030, 4, 1, 2, 30, tzinfo=berlin)
+    assert plan.nonexistent == (datetime(2030, 3, 31, 2, 30),)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -158,6 +158,7 @@ class Scheduler:
                 outcome = self.store.schedule_fire(schedule, plan, zone)
                 if outcome.claimed:
                     self._report_fire(schedule, zone, outcome, plan.misfired)
+                    self._report_nonexistent(schedule, plan.nonexistent)
                     published += len(outcome.published)
                     skips += len(outcome.singleton_skipped)
                     misfires += outcome.misfired
@@ -213,6 +214,19 @@ class Scheduler:
                 self._compiled[key] = str(error)
         return self._compiled[key]
 
+    def _report_nonexistent(self, schedule: Schedule, walls: Sequence[datetime]) -> None:
+        """Say which fire times the zone's spring-forward skipped (Quartz skips them too; silently, it would not
+        be seen that a daily job did not run that night)."""
+        if not walls:
+            return
+        self.metrics.schedule_nonexistent_times.labels(schedule.name).inc(len(walls))
+        shown = ", ".join(wall.isoformat(sep=" ") for wall in walls[:3]) + (" …" if len(walls) > 3 else "")
+        logger.warning(
+            "schedule %s (%s): %d fire time(s) do not exist in %s, whose clocks spring forward over them; skipped as "
+            "Quartz does: %s", schedule.name, schedule.cron, len(walls), schedule.time_zone, shown,
+            extra={"schedule": schedule.name},
+        )
+
     def _report_invalid(self, schedule: Schedule, reason: str) -> None:
         if schedule.invalid_reason == reason and schedule.next_fire_at is None:
             return
@@ -221,10 +235,12 @@ class Scheduler:
 
     def _plan(self, schedule: Schedule, expression: CronExpression, zone: ZoneInfo, now: datetime) -> Schedule | None:
         """Compute and store the first fire time after now; the schedule as planned, or None if it changed."""
-        upcoming = expression.next_after(now, zone)
+        skipped: list[datetime] = []
+        upcoming = expression.next_after(now, zone, skipped)
         next_fire_at = None if upcoming is None else upcoming.astimezone(UTC)
         if not self.store.schedule_plan(schedule, next_fire_at):
             return None
+        self._report_nonexistent(schedule, skipped)
         if upcoming is None:
             logger.info("schedule %s (%s) has no fire time after %s", schedule.name, schedule.cron, now.isoformat())
         else:

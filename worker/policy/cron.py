@@ -189,10 +189,13 @@ class CronExpression:
         assert self.day_of_week is not None
         return self.day_of_week.days_in(year, month)
 
-    def next_after(self, after: datetime, zone: tzinfo) -> datetime | None:
+    def next_after(
+        self, after: datetime, zone: tzinfo, skipped: list[datetime] | None = None
+    ) -> datetime | None:
         """The first fire time strictly after the instant ``after``, as an aware time in ``zone``; None if none.
 
         Fire times are whole seconds of wall-clock time in ``zone``; see the module's daylight-saving policy.
+        ``skipped`` receives the wall times (naive) passed over on the way because the zone's clocks skip them.
         """
         if after.tzinfo is None:
             raise ValueError("next_after needs an aware datetime (an instant), not a naive one")
@@ -205,6 +208,8 @@ class CronExpression:
                 return None
             fire = _first_occurrence(candidate, zone)
             if fire is None:  # skipped: the clocks sprang forward over it
+                if skipped is not None:
+                    skipped.append(candidate)
                 start = _plus_second(candidate)
             elif fire.astimezone(UTC) <= after_utc:
                 # ``after`` lies in the second pass of a repeated hour; its wall times fired in the first pass.

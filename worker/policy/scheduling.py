@@ -60,6 +60,8 @@ class FirePlan:
     misfired: tuple[datetime, ...]
     next_fire_at: datetime | None
     late: bool
+    # Wall times the expression allows that the zone skipped on the way (its clocks sprang forward over them).
+    nonexistent: tuple[datetime, ...] = ()
 
 
 def plan_due(
@@ -78,14 +80,15 @@ def plan_due(
         raise ValueError(f"the schedule is not due: its fire time {due.isoformat()} is after {now.isoformat()}")
     if fire_all_limit < 1 or chunk_limit <= fire_all_limit:
         raise ValueError("fire_all_limit must be at least 1 and chunk_limit larger than it")
+    gap: list[datetime] = []
     if now - due <= threshold:
-        return FirePlan(due, (due,), (), expression.next_after(due, zone), late=False)
+        return FirePlan(due, (due,), (), expression.next_after(due, zone, gap), late=False, nonexistent=tuple(gap))
 
     missed = [due]
-    following = expression.next_after(due, zone)
+    following = expression.next_after(due, zone, gap)
     while following is not None and following <= now and len(missed) < chunk_limit:
         missed.append(following)
-        following = expression.next_after(following, zone)
+        following = expression.next_after(following, zone, gap)
     kept = {MisfirePolicy.FIRE_ONCE_NOW: 1, MisfirePolicy.DO_NOTHING: 0, MisfirePolicy.FIRE_ALL: fire_all_limit}[policy]
 
     if following is not None and following <= now:
@@ -93,10 +96,13 @@ def plan_due(
         # ones due, so that the next plan (a chunk further on) still finds the most recent times to publish.
         skipped = missed[: len(missed) - kept] if kept else missed
         resume = missed[len(skipped)] if kept else following
-        return FirePlan(due, (), tuple(skipped), resume, late=True)
+        return FirePlan(due, (), tuple(skipped), resume, late=True, nonexistent=tuple(gap))
 
     published = missed[len(missed) - kept :] if kept else []
-    return FirePlan(due, tuple(published), tuple(missed[: len(missed) - len(published)]), following, late=True)
+    return FirePlan(
+        due, tuple(published), tuple(missed[: len(missed) - len(published)]), following, late=True,
+        nonexistent=tuple(gap),
+    )
 
 
 # -- the published message -----------------------------------------------------------------------------------

@@ -270,6 +270,13 @@ class Metrics:
             "Schedules that cannot fire because their cron expression or time zone is invalid.",
             registry=r,
         )
+        self.schedule_nonexistent_times = Counter(
+            "correlation_schedule_nonexistent_times_total",
+            "Fire times a schedule's expression allows that its time zone skips (clocks springing forward); "
+            "skipped, as Quartz does.",
+            ["schedule"],
+            registry=r,
+        )
         self.build_info = Info("correlation_build", "Version of correlation-worker.", registry=r)
         self.build_info.info({"version": __version__})
 
