@@ -293,7 +293,11 @@ def check_config() -> None:
 @click.argument("hint")
 @click.option("--payload", help="JSON payload (default {}).")
 @click.option("--headers", help="JSON object of headers.")
-@click.option("--message-id", help="Producer id; sending it twice inserts once.")
+@click.option(
+    "--message-id",
+    help="Producer id, unique while its message is in the table: sending it again meanwhile inserts nothing; "
+    "once the message is correlated (deleted), the same id is a new message.",
+)
 @click.option("--ttl", help="Time to live, ISO-8601 (PT30S).")
 @click.option("--expires-at", help="ISO-8601 timestamp after which the message is dropped (UTC if no zone).")
 def send(

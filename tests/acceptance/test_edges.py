@@ -415,3 +415,20 @@ def test_outputs_are_json_when_piped_and_tables_when_asked(pg_db: Database) -> N
     shown = cli(pg_db, "messages", "show", "m-1", "-o", "table").stdout
     assert re.search(r"^message_name\s+order\.paid$", shown, re.MULTILINE)
     assert json.loads(cli(pg_db, "messages", "list", "-o", "json").stdout)[0]["message_id"] == "m-1"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("pause", "--hint", ""), "the hint to pause is empty"),
+        (("pause", "--name", "  "), "the name to pause is empty"),
+        (("requeue", "--state", "ready"), "requeue acts on dead messages only"),
+        (("resume", "--state", "dead"), "resume acts on paused messages only"),
+    ],
+)
+def test_an_operator_command_that_could_do_nothing_says_why_in_one_line(
+    pg_db: Database, args: tuple[str, ...], said: str
+) -> None:
+    assert cli(pg_db, "migrate").returncode == 0
+    line = one_line_error(cli(pg_db, *args))
+    assert said in line and "constraint" not in line, line

@@ -14,7 +14,7 @@ from tests.integration.test_store import add, set_columns
 from worker.admin.console import Console
 from worker.admin.routes import console_routes
 from worker.config import AdminSettings, Mode
-from worker.db.store import Store
+from worker.db.store import NewMessage, Store
 from worker.service.endpoint import Heartbeat, application, probe_routes
 from worker.service.metrics import Metrics
 
@@ -242,12 +242,11 @@ def test_pause_resume_and_delete_by_ids_hint_state_and_all(client: TestClient, s
     assert {state_of(store, i) for i in a} == {"paused"}
     assert post(client, "/api/v1/messages/resume", {"ids": [a[0], a[1]]})["affected"] == 2
     assert [state_of(store, i) for i in a] == ["ready", "ready", "paused"]
-    assert post(client, "/api/v1/messages/requeue", {"hint": "a", "state": "ready"})["affected"] == 0
     assert post(client, "/api/v1/messages/delete", {"state": "dead", "dry_run": True})["matching"] == 1
     assert post(client, "/api/v1/messages/delete", {"state": "dead"})["affected"] == 1 and state_of(store, b) is None
     assert post(client, "/api/v1/messages/delete", {"all": True})["affected"] == 3
     actions = [entry["action"] for entry in get(client, "/api/v1/audit")["items"]]
-    assert actions == ["messages.delete", "messages.delete", "messages.requeue", "messages.resume", "messages.pause"]
+    assert actions == ["messages.delete", "messages.delete", "messages.resume", "messages.pause"]
 
 
 @pytest.mark.parametrize(
@@ -262,6 +261,10 @@ def test_pause_resume_and_delete_by_ids_hint_state_and_all(client: TestClient, s
         ("/api/v1/messages/requeue", {"all": True, "dry_run": 1}, 400, "'dry_run' must be true or false"),
         ("/api/v1/messages/requeue", [1, 2], 400, "must be a JSON object"),
         ("/api/v1/messages/explode", {"all": True}, 404, "no bulk action 'explode'"),
+        # A state the action never acts on: refused, not "0 affected".
+        ("/api/v1/messages/requeue", {"state": "ready"}, 400, "requeue acts on dead messages only"),
+        ("/api/v1/messages/resume", {"hint": "a", "state": "dead"}, 400, "resume acts on paused messages only"),
+        ("/api/v1/messages/pause", {"state": "paused", "dry_run": True}, 400, "pause acts on ready messages only"),
     ],
 )
 def test_a_bad_bulk_request_is_refused_with_its_reason(
@@ -405,3 +408,33 @@ def test_schedule_errors_have_their_status(client: TestClient) -> None:
     post(client, "/api/v1/schedules/nightly/fire", {}, READ, status=403)
     post(client, "/api/v1/scheduler/disable", {}, READ, status=403)
     assert get(client, "/api/v1/schedules", READ)["schedules"][0]["name"] == "nightly"
+
+
+@pytest.mark.parametrize("action", ["requeue", "pause", "resume", "delete"])
+def test_a_get_on_a_bulk_action_is_405_naming_the_method(client: TestClient, action: str) -> None:
+    response = client.get(f"/api/v1/messages/{action}", headers=auth())
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert f"POST /api/v1/messages/{action}" in response.json()["error"]
+
+
+def test_a_message_id_with_slashes_is_reached_by_url(client: TestClient, store: Store) -> None:
+    row_id = store.messages_insert(NewMessage("order.paid", "o-1", message_id="shop/orders/4711"))
+    response = client.get("/api/v1/messages/shop/orders/4711", headers=auth())
+    assert response.status_code == 200, response.text
+    assert response.json()["id"] == row_id
+
+
+@pytest.mark.parametrize(
+    ("query", "complaint"),
+    [
+        ("name=a%00b", "'name' holds a NUL character"),
+        ("hint=%00", "'hint' holds a NUL character"),
+        ("error=x%00", "'error' holds a NUL character"),
+        ("created_from=2026-02-01T00:00:00Z&created_to=2026-01-01T00:00:00Z", "'created_from' (2026-02-01"),
+    ],
+)
+def test_a_listing_filter_that_can_match_nothing_is_refused_naming_it(
+    client: TestClient, query: str, complaint: str
+) -> None:
+    response = client.get(f"/api/v1/messages?{query}", headers=auth())
+    assert response.status_code == 400 and complaint in response.json()["error"], response.text

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import Caller
 from worker.admin.console import Console
-from worker.admin.errors import AdminError, BadRequest, Forbidden, NotFound
+from worker.admin.errors import AdminError, BadRequest, Forbidden, MethodNotAllowed, NotFound
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable
 
@@ -88,7 +88,8 @@ def api_application(console: Console) -> Starlette:
             try:
                 data = await handler(request, caller)
             except AdminError as error:
-                return error_response(error.status, str(error))
+                allow = {"Allow": ", ".join(error.allow)} if isinstance(error, MethodNotAllowed) else None
+                return error_response(error.status, str(error), allow)
             except (DatabaseBusy, DatabaseUnavailable) as error:
                 return store_error(error)
             return JSONResponse(data, status_code=201 if created else 200, headers=SECURITY_HEADERS)
@@ -108,8 +109,11 @@ def api_application(console: Console) -> Starlette:
         return await run_in_threadpool(messages.messages_page, store, wanted, after, limit)
 
     async def one_message(request: Request, _caller: Caller) -> Any:
-        """GET /messages/{id or message_id}: one message, whole."""
-        return await run_in_threadpool(messages.message_detail, store, request.path_params["reference"])
+        """GET /messages/{id or message_id}: one message, whole (a message_id may hold slashes)."""
+        reference = request.path_params["reference"]
+        if reference in BULK_ACTIONS:  # the bulk action of that name, asked with the wrong method
+            raise MethodNotAllowed(f"{reference} is a bulk action: POST /api/v1/messages/{reference}", ["POST"])
+        return await run_in_threadpool(messages.message_detail, store, reference)
 
     async def bulk(request: Request, caller: Caller) -> Any:
         """POST /messages/{action}: a bulk action on a filter, or its count with dry_run."""
@@ -214,7 +218,7 @@ def api_application(console: Console) -> Starlette:
         Route("/status", guarded(status), methods=["GET"]),
         Route("/messages", guarded(list_messages), methods=["GET"]),
         Route("/messages/{action}", guarded(bulk), methods=["POST"]),
-        Route("/messages/{reference}", guarded(one_message), methods=["GET"]),
+        Route("/messages/{reference:path}", guarded(one_message), methods=["GET"]),
         Route("/hints/{hint:path}", guarded(hint), methods=["GET"]),
         Route("/pauses", guarded(list_pauses), methods=["GET"]),
         Route("/pauses", guarded(add_pause, write=True, created=True), methods=["POST"]),

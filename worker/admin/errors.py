@@ -31,6 +31,16 @@ class NotFound(AdminError):
     status = 404
 
 
+class MethodNotAllowed(AdminError):
+    """The route exists for other methods (``allow`` names them)."""
+
+    status = 405
+
+    def __init__(self, message: str, allow: list[str]) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+
 class Conflict(AdminError):
     """The request clashes with what is there (a pause that already exists)."""
 

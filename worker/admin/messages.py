@@ -38,6 +38,8 @@ FILTER_KEYS = ("ids", "name", "hint", "state", "all")
 def _text(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value or len(value) > TEXT_MAX:
         raise BadRequest(f"{key!r} must be a non-empty text of at most {TEXT_MAX} characters")
+    if "\x00" in value:  # PostgreSQL text cannot hold it: no row could match, and the driver would refuse it
+        raise BadRequest(f"{key!r} holds a NUL character, which no stored text can contain")
     return value
 
 
@@ -116,6 +118,11 @@ def parse_listing(params: Mapping[str, str]) -> tuple[ConsoleFilter, int, int]:
         created_from=_timestamp(value["created_from"], "created_from") if "created_from" in value else None,
         created_to=_timestamp(value["created_to"], "created_to") if "created_to" in value else None,
     )
+    if wanted.created_from is not None and wanted.created_to is not None and wanted.created_from > wanted.created_to:
+        raise BadRequest(
+            f"'created_from' ({value['created_from']}) is after 'created_to' ({value['created_to']}): no message "
+            "could match; swap them"
+        )
     return wanted, after, limit
 
 
@@ -226,9 +233,14 @@ def bulk(
         raise BadRequest('the filter is empty: give ids, name, hint or state, or "all": true for every message')
     acted_on = ACTION_STATE[action]
     if acted_on is not None and selection.state not in (None, acted_on):
-        effective = None
-    else:
-        effective = MessageFilter(selection.ids, selection.name, selection.hint, acted_on or selection.state)
+        assert selection.state is not None
+        raise BadRequest(
+            f"{action} acts on {acted_on.value} messages only; a filter of state {selection.state.value!r} would "
+            f"match nothing: leave the state out or use {acted_on.value!r}"
+        )
+    effective: MessageFilter | None = MessageFilter(
+        selection.ids, selection.name, selection.hint, acted_on or selection.state
+    )
     target = selection_as_dict(selection, everything)
     if dry_run:
         matching = 0 if effective is None else store.console_count(effective, count_limit).shown()

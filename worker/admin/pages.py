@@ -409,7 +409,7 @@ def pages_application(console: Console) -> Starlette:
         Route("/overview/live", page(overview_live), methods=["GET"]),
         Route("/messages", page(messages_page), methods=["GET"]),
         Route("/messages/{row_id:int}/{action}", page(message_action, write=True), methods=["POST"]),
-        Route("/messages/{reference}", page(message_page), methods=["GET"]),
+        Route("/messages/{reference:path}", page(message_page), methods=["GET"]),
         Route("/hints/{hint:path}", page(hint_page), methods=["GET"]),
         Route("/dead", page(dead_page), methods=["GET"]),
         Route("/bulk", page(bulk_confirm), methods=["GET"]),

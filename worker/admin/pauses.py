@@ -98,6 +98,8 @@ def add_pause(store: Store, caller: Caller, scope: str, target: str, reason: str
     """Create a durable pause; :class:`Conflict` when the same one is already there."""
     if not caller.can_write:
         raise Forbidden(f"the token {caller.name!r} may only read; pausing needs CORRELATION_ADMIN__TOKEN")
+    if scope != "all" and not target.strip():
+        raise BadRequest(f"the {scope} to pause is empty: give the {scope} whose messages are to wait")
     pause, created = store.pauses_create(scope, target, reason, caller.name)
     if not created:
         raise Conflict(
