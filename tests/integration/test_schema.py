@@ -173,3 +173,89 @@ def test_calls_marked_in_flight_by_the_previous_revision_become_call_rows_at_the
     calls = {row["message_id"]: (row["run_head"], row["state"], row["fence"]) for row in store.calls_in_flight()}
     assert calls == {1: (1, "called", 7), 2: (1, "called", 7), 3: (3, "alone", 7), 4: (4, "abandoned", 7)}
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "hint", "constraint"),
+    [
+        ("order.paid ", "o-1", "correlation_message_name_no_blank_at_either_end"),
+        (" order.paid", "o-1", "correlation_message_name_no_blank_at_either_end"),
+        ("order\tpaid", "o-1", "correlation_message_name_printable"),
+        ("order.\u202epaid", "o-1", "correlation_message_name_printable"),
+        ("order.paid\u200b", "o-1", "correlation_message_name_printable"),
+        ("order.paid", "   ", "correlation_message_hint_not_blank"),
+        ("order.paid", "o-1\x1b[31m", "correlation_message_hint_printable"),
+        ("order.paid", "o\u2066-1", "correlation_message_hint_printable"),
+    ],
+)
+def test_a_name_or_hint_that_would_not_read_as_it_matches_is_refused_by_its_rule(
+    conn: Connection, name: str, hint: str, constraint: str
+) -> None:
+    rejected(conn, constraint, name=name, hint=hint)
+
+
+def test_names_and_hints_with_inner_blanks_and_any_script_are_taken(conn: Connection) -> None:
+    for name, hint in (("order paid", "Bestellung 4711"), ("заказ.оплачен", "注文-1"), ("a", "  x  ")):
+        insert(conn, name=name, hint=hint)
+
+
+def test_a_message_id_past_1000_bytes_is_refused_by_its_rule_not_an_index_error(conn: Connection) -> None:
+    rule = "correlation_message_message_id_at_most_1000_bytes"
+    rejected(conn, rule, columns=", message_id", values=", :mid", mid="é" * 501)
+    insert(conn, ", message_id", ", :mid", mid="x" * 1000)
+
+
+@pytest.mark.parametrize(
+    ("name", "message_name", "rule"),
+    [
+        ("   ", "x", "correlation_schedule_name_no_blank_at_either_end"),
+        ("nightly ", "x", "correlation_schedule_name_no_blank_at_either_end"),
+        ("night\u202ely", "x", "correlation_schedule_name_printable"),
+        ("nightly", " x", "correlation_schedule_message_name_no_blank_at_either_end"),
+        ("nightly", "x\x00y".replace("\x00", "\x07"), "correlation_schedule_message_name_printable"),
+    ],
+)
+def test_a_schedule_row_with_such_a_name_is_refused_by_its_rule(
+    conn: Connection, name: str, message_name: str, rule: str
+) -> None:
+    with pytest.raises((IntegrityError, DataError)) as info, conn.begin():
+        conn.execute(
+            text("INSERT INTO correlation_schedule (name, cron, message_name) VALUES (:n, '0 0 3 * * ?', :m)"),
+            {"n": name, "m": message_name},
+        )
+    assert rule in str(info.value.orig), info.value
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_messages_that_break_the_name_rules_before_the_upgrade_are_made_dead_with_the_rule(
+    dialect: str, empty_pg_url: str, tmp_path: Path
+) -> None:
+    from alembic import command
+
+    from worker.config import DatabaseSettings
+    from worker.db.base import build_engine
+    from worker.db.schema import alembic_config
+
+    url = empty_pg_url if dialect == "postgresql" else f"sqlite:///{tmp_path / 'old.db'}"
+    engine = build_engine(DatabaseSettings(url=url))
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0007")
+        for name, hint in (("order.paid ", "o-1"), ("order.paid", "o-2"), ("n", "\u202eh"), ("n", "  ")):
+            connection.execute(
+                text("INSERT INTO correlation_message (message_name, correlation_hint) VALUES (:n, :h)"),
+                {"n": name, "h": hint},
+            )
+    store = Store(engine)
+    store.schema_migrate()
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT correlation_hint, state, last_error FROM correlation_message ORDER BY id")
+        ).all()
+    assert [(hint, state) for hint, state, _ in rows] == [
+        ("o-1", "dead"), ("o-2", "ready"), ("\u202eh", "dead"), ("  ", "dead")
+    ]
+    assert all(error.startswith("schema revision 0008: ") for _, state, error in rows if state == "dead")
+    assert "blank at either end" in rows[0][2]
+    with engine.begin() as connection:  # the rows that keep the rules are worked on as before
+        connection.execute(text("UPDATE correlation_message SET attempt = 1 WHERE state = 'ready'"))
+    store.close()
