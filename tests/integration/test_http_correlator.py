@@ -23,6 +23,7 @@ class Target:
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.answers: list[tuple[int, str]] = []
+        self.location = ""  # a Location header sent with every answer, when set
         target = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,6 +32,8 @@ class Target:
                 target.requests.append((self.path, json.loads(self.rfile.read(length))))
                 status, body = target.answers.pop(0) if target.answers else (204, "")
                 self.send_response(status)
+                if target.location:
+                    self.send_header("Location", target.location)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body.encode())
@@ -118,3 +121,19 @@ def test_routes_build_http_correlators_and_refuse_bad_specs() -> None:
         Router.from_settings({"*": {"type": "http"}})
     with pytest.raises(ConfigError, match="preset"):
         Router.from_settings({"*": {"type": "http", "url": "http://x", "preset": "zeebe"}})
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_permanent_and_names_where_it_points(target: Target, status: int) -> None:
+    target.answers.append((status, ""))
+    target.location = "https://engine.example/engine-rest/message"
+    with pytest.raises(PermanentError, match=f"{status}, a redirect to https://engine.example/engine-rest/message"):
+        HttpCorrelator(target.url)(message(1))
+    assert len(target.requests) == 1, "not followed"
+
+
+def test_credentials_in_the_url_beside_an_authorization_header_are_refused() -> None:
+    spec = {"type": "http", "url": "https://app:secret@engine/x", "headers": {"Authorization": "Bearer t"}}
+    with pytest.raises(ConfigError, match="carries credentials and 'headers' an Authorization") as info:
+        Router.from_settings({"*": spec})
+    assert "secret" not in str(info.value)

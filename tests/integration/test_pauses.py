@@ -268,3 +268,32 @@ def test_lifting_resumes_only_the_messages_its_pause_parked(any_store: Store) ->
 
     assert pauses.lift_pause(any_store, OPERATOR, pause["id"], chunk=2)["resumed"] == 3
     assert states(any_store) == {**dict.fromkeys(ids, "ready"), by_hand: "paused"}
+
+
+class Deadlocked(Store):
+    """A store whose bulk action loses a deadlock after ``chunks`` chunks."""
+
+    def __init__(self, store: Store, chunks: int) -> None:
+        super().__init__(store.engine)
+        self.chunks = chunks
+
+    def console_bulk_chunk(self, action: str, selection: MessageFilter, *, after: int, chunk: int) -> Chunk:
+        if self.chunks == 0:
+            raise DatabaseBusy("database busy (deadlock): deadlock detected")
+        self.chunks -= 1
+        return super().console_bulk_chunk(action, selection, after=after, chunk=chunk)
+
+
+def test_a_bulk_action_stopped_part_way_says_what_it_did_and_why_it_stopped(any_store: Store) -> None:
+    from worker.admin import messages
+    from worker.admin.errors import Interrupted
+
+    ids = [send(any_store, f"h-{n}", 1) for n in range(5)]
+    with pytest.raises(Interrupted) as info:
+        messages.bulk(Deadlocked(any_store, chunks=1), OPERATOR, "delete", MessageFilter(name="order.paid"), False,
+                      chunk=2)
+    said = str(info.value)
+    assert "delete stopped after 2 message(s)" in said and "deadlock detected" in said and "timeout" not in said
+    assert len(states(any_store)) == 3 and set(states(any_store)) <= set(ids)
+    entry = any_store.audit_page(before=None, limit=1)[0][0]
+    assert (entry.action, entry.affected) == ("messages.delete", 2) and "deadlock detected" in (entry.error or "")

@@ -43,8 +43,8 @@ def store_error(error: Exception) -> JSONResponse:
     if isinstance(error, DatabaseBusy):
         return error_response(
             503,
-            "the database did not answer within the console's statement timeout "
-            "(CORRELATION_ADMIN__STATEMENT_TIMEOUT); narrow the filter or try again",
+            f"the database gave up the request ({error}); a statement timeout is "
+            "CORRELATION_ADMIN__STATEMENT_TIMEOUT: narrow the filter or try again",
         )
     return error_response(503, f"the database is not reachable: {error}")
 

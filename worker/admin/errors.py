@@ -41,6 +41,12 @@ class MethodNotAllowed(AdminError):
         self.allow = allow
 
 
+class Interrupted(AdminError):
+    """A bulk action stopped part way by the database (a timeout, a deadlock): what was done stays done."""
+
+    status = 503
+
+
 class Conflict(AdminError):
     """The request clashes with what is there (a pause that already exists)."""
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from worker.admin.auth import Caller
-from worker.admin.errors import BadRequest, Forbidden, NotFound
+from worker.admin.errors import BadRequest, Forbidden, Interrupted, NotFound
 from worker.admin.operations import message_as_dict
 from worker.admin.pauses import pause_infos
 from worker.config import Mode
@@ -256,8 +256,12 @@ def bulk(
                 break
             after = done.last_id
     except StoreError as error:
-        store.audit_add(caller.name, caller.via, f"messages.{action}", target, affected, error=str(error)[:1000])
-        raise
+        said = (
+            f"{action} stopped after {affected} message(s), changed by the chunks before (each chunk is its own "
+            f"transaction: those stay done): {error}; run it again to go on"
+        )
+        store.audit_add(caller.name, caller.via, f"messages.{action}", target, affected, error=said[:1000])
+        raise Interrupted(said) from None
     store.audit_add(caller.name, caller.via, f"messages.{action}", target, affected)
     return {"action": action, "filter": target, "affected": affected}
 

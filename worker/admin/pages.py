@@ -174,10 +174,10 @@ def pages_application(console: Console) -> Starlette:
                 return await handler(request, session, form)
             except AdminError as error:
                 return render(request, "error.html", session, error.status, title="Not done", error=str(error))
-            except DatabaseBusy:
+            except DatabaseBusy as error:
                 return render(request, "error.html", session, 503, title="Too slow",
-                              error="the database did not answer within the console's statement timeout "
-                                    "(CORRELATION_ADMIN__STATEMENT_TIMEOUT); narrow the filter or try again")
+                              error=f"the database gave up the request ({error}); a statement timeout is "
+                                    "CORRELATION_ADMIN__STATEMENT_TIMEOUT: narrow the filter or try again")
             except DatabaseUnavailable as error:
                 return render(request, "error.html", session, 503, title="No database", error=str(error))
 

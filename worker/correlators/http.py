@@ -115,6 +115,11 @@ class HttpCorrelator:
                     f"invalid setting {setting}: the header {str(key)!r} holds a line break or NUL, which would split "
                     "the request"
                 )
+        if urlsplit(url).username is not None and any(str(k).lower() == "authorization" for k in headers):
+            raise ConfigError(
+                f"invalid setting {setting}: the url carries credentials and 'headers' an Authorization too; the "
+                "url's would replace the header's: keep one of them"
+            )
         return cls(url, preset=preset, timeout=timeout, headers={str(k): str(v) for k, v in headers.items()})
 
     def __call__(self, message: Message) -> None:
@@ -132,6 +137,11 @@ class HttpCorrelator:
         if 200 <= status < 300:
             return
         head = response.text[:BODY_HEAD]
+        if 300 <= status < 400:  # not followed: a POST redirected is a route to fix, not a call to repeat
+            location = redact_url(response.headers.get("location", "")) or "no Location header"
+            raise PermanentError(
+                f"POST {self.shown_url} answered {status}, a redirect to {location}: point the route's url there"
+            )
         if status >= 500 or status in (408, 429):
             raise Retry(f"POST {self.shown_url} answered {status}: {head}")
         if self.preset == "camunda7" and status == 400 and any(m in head.lower() for m in NOT_WAITING_MARKERS):
