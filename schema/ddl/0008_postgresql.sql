@@ -48,7 +48,7 @@ CREATE FUNCTION correlation_schedule_names_check() RETURNS trigger LANGUAGE plpg
 DECLARE
     bad constant text := '[[:cntrl:]\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]';
 BEGIN
-    IF NEW.name !~ '\S' OR NEW.name ~ '^\s|\s$' THEN
+    IF NEW.name <> '' AND (NEW.name !~ '\S' OR NEW.name ~ '^\s|\s$') THEN  -- '' is name_not_empty's
         RAISE EXCEPTION 'correlation_schedule_name_no_blank_at_either_end: a schedule name is more than blanks and has no blank at either end: %', quote_literal(NEW.name)
             USING ERRCODE = 'check_violation', CONSTRAINT = 'correlation_schedule_name_no_blank_at_either_end',
                   TABLE = 'correlation_schedule';

@@ -70,12 +70,12 @@ BEGIN
     SELECT RAISE(ABORT, 'correlation_message_message_id_at_most_1000_bytes: a message_id has at most 1000 bytes');
 END;
 CREATE TRIGGER correlation_schedule_name_no_blank_at_either_end_insert BEFORE INSERT ON correlation_schedule
-    WHEN trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13)) = '' OR NEW.name <> trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13))
+    WHEN NEW.name <> '' AND (trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13)) = '' OR NEW.name <> trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13)))
 BEGIN
     SELECT RAISE(ABORT, 'correlation_schedule_name_no_blank_at_either_end: a schedule name is more than blanks and has no blank at either end');
 END;
 CREATE TRIGGER correlation_schedule_name_no_blank_at_either_end_update BEFORE UPDATE OF name ON correlation_schedule
-    WHEN trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13)) = '' OR NEW.name <> trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13))
+    WHEN NEW.name <> '' AND (trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13)) = '' OR NEW.name <> trim(NEW.name, ' ' || char(9) || char(10) || char(11) || char(12) || char(13)))
 BEGIN
     SELECT RAISE(ABORT, 'correlation_schedule_name_no_blank_at_either_end: a schedule name is more than blanks and has no blank at either end');
 END;
