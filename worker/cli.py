@@ -356,7 +356,11 @@ def messages() -> None:
 
 
 @messages.command("list")
-@click.option("--state", type=click.Choice([s.value for s in MessageState]))
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in MessageState] + list(admin_messages.CENSUS_STATES)),
+    help="Only in this state (waiting: ready, due later; expired: past expires_at), as `status` counts them.",
+)
 @click.option("--name", help="message_name")
 @click.option("--hint", help="correlation_hint")
 @click.option("--after", type=click.IntRange(0, MAX_ID), default=0, show_default=True,
@@ -367,8 +371,25 @@ def messages_list(
     state: str | None, name: str | None, hint: str | None, after: int, limit: int, output: str | None
 ) -> None:
     """Messages in id order, optionally filtered."""
-    selection = _selection((), name, hint, state)
-    rows = _with_store(lambda store: store.messages_list(selection, after=after, limit=limit))
+    if state in admin_messages.CENSUS_STATES:
+        query = {"state": state, "name": name or "", "hint": hint or ""}
+        wanted, _, _ = admin_messages.parse_listing(query)
+
+        def census_page(store: Store) -> list[Message]:
+            found: list[Message] = []
+            cursor: int | None = after
+            while cursor is not None and len(found) < limit:  # a window may come back short: read on
+                page = store.console_messages(
+                    wanted, after=cursor, limit=limit - len(found), scan=admin_messages.SCAN_WINDOW
+                )
+                found += [listed.message for listed in page.rows]
+                cursor = page.next
+            return found
+
+        rows = _with_store(census_page)
+    else:
+        selection = _selection((), name, hint, state)
+        rows = _with_store(lambda store: store.messages_list(selection, after=after, limit=limit))
     shown = [admin.message_as_dict(m) for m in rows]
     click.echo(_list_table(shown)) if _wants_table(output) else _print_json(shown)
 

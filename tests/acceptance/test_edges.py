@@ -432,3 +432,18 @@ def test_an_operator_command_that_could_do_nothing_says_why_in_one_line(
     assert cli(pg_db, "migrate").returncode == 0
     line = one_line_error(cli(pg_db, *args))
     assert said in line and "constraint" not in line, line
+
+
+def test_messages_list_takes_the_states_status_reports(pg_db: Database) -> None:
+    assert cli(pg_db, "migrate").returncode == 0
+    with psycopg.connect(pg_db.url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO correlation_message (message_name, correlation_hint, next_attempt_at, created_at, expires_at) "
+            "VALUES ('n', 'soon', now() + interval '1 hour', now(), NULL), "
+            "('n', 'gone', NULL, now() - interval '1 hour', now() - interval '1 minute'), "
+            "('n', 'now', NULL, now(), NULL)"
+        )
+    for state, hint in (("waiting", "soon"), ("expired", "gone")):
+        listed = cli(pg_db, "messages", "list", "--state", state)
+        assert listed.returncode == 0, listed.stderr
+        assert [row["correlation_hint"] for row in json.loads(listed.stdout)] == [hint]

@@ -438,3 +438,19 @@ def test_a_listing_filter_that_can_match_nothing_is_refused_naming_it(
 ) -> None:
     response = client.get(f"/api/v1/messages?{query}", headers=auth())
     assert response.status_code == 400 and complaint in response.json()["error"], response.text
+
+
+def test_the_listing_filters_on_every_state_the_status_reports(client: TestClient, store: Store) -> None:
+    ready = add(store, "r")
+    waiting = add(store, "w", next_attempt_at=3600)
+    paused = add(store, "p", state="paused")
+    expired = add(store, "x", expires_at=-10)
+    dead = add(store, "d", state="dead")
+    listed = {
+        state: [item["id"] for item in get(client, "/api/v1/messages", state=state)["items"]]
+        for state in ("ready", "waiting", "paused", "dead", "expired")
+    }
+    assert listed["waiting"] == [waiting] and listed["expired"] == [expired]
+    assert listed["paused"] == [paused] and listed["dead"] == [dead]
+    assert ready in listed["ready"]
+    assert get(client, "/api/v1/messages", state="waiting", hint="r")["items"] == []

@@ -85,12 +85,13 @@ def test_a_huge_message_and_traceback_make_a_bounded_line_marked_as_cut(
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_control_characters_are_escaped_never_written_raw(capsys: pytest.CaptureFixture[str], fmt: str) -> None:
     configure_logging(LogSettings(format=fmt), "r-1")
-    hostile = "order\x1b[2J\rforged line\x9b\x07\u2028end"
+    hostile = "order\x1b[2J\rforged line\x9b\x07\u2028end\u202ediap.redro\u200b\ufeff\u2066"
     logging.getLogger("shop").warning("hint=%s", hostile, extra=log_fields(hint=hostile))
     output = capsys.readouterr().err
     [line] = output.splitlines()
-    for raw in ("\x1b", "\r", "\x9b", "\x07", "\u2028"):
+    for raw in ("\x1b", "\r", "\x9b", "\x07", "\u2028", "\u202e", "\u200b", "\ufeff", "\u2066"):
         assert raw not in output
+    assert "\\u202e" in line or "\\\\u202e" in line
     assert "\\x1b[2J" in line and "\\r" in line
     if fmt == "json":
         record = json.loads(line)

@@ -43,6 +43,11 @@ def _text(value: Any, key: str) -> str:
     return value
 
 
+# States the status reports beside the column's, which a listing may filter on (not a bulk action: they change
+# with the clock).
+CENSUS_STATES = ("waiting", "expired")
+
+
 def _state(value: Any) -> MessageState:
     try:
         return MessageState(value)
@@ -100,10 +105,13 @@ def parse_listing(params: Mapping[str, str]) -> tuple[ConsoleFilter, int, int]:
     if unknown:
         raise BadRequest(f"unknown parameter(s) {', '.join(unknown)}; use {', '.join(sorted(known))}")
     value = {key: raw for key, raw in params.items() if raw != ""}
+    census_state = value.pop("state") if value.get("state") in CENSUS_STATES else None
     selection = MessageFilter(
         name=_text(value["name"], "name") if "name" in value else None,
         hint=_text(value["hint"], "hint") if "hint" in value else None,
-        state=_state(value["state"]) if "state" in value else None,
+        state=_state(value["state"]) if "state" in value else (
+            MessageState.READY if census_state == "waiting" else None
+        ),
     )
     after = 0 if "after" not in value else _row_id(value["after"], "after")
     limit = DEFAULT_LIMIT
@@ -117,6 +125,7 @@ def parse_listing(params: Mapping[str, str]) -> tuple[ConsoleFilter, int, int]:
         error=_text(value["error"], "error") if "error" in value else None,
         created_from=_timestamp(value["created_from"], "created_from") if "created_from" in value else None,
         created_to=_timestamp(value["created_to"], "created_to") if "created_to" in value else None,
+        census_state=census_state,
     )
     if wanted.created_from is not None and wanted.created_to is not None and wanted.created_from > wanted.created_to:
         raise BadRequest(

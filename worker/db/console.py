@@ -94,11 +94,16 @@ class ConsoleFilter:
     error: str | None = None  # text in last_error (case-insensitive)
     created_from: datetime | None = None
     created_to: datetime | None = None
+    # A state the census reports beside the column's: "waiting" (ready, due later) or "expired" (past expires_at).
+    census_state: str | None = None
 
     @property
     def windowed(self) -> bool:
         """True when a filter needs the scan window (no index serves it)."""
-        return self.error is not None or self.created_from is not None or self.created_to is not None
+        return (
+            self.error is not None or self.created_from is not None or self.created_to is not None
+            or self.census_state is not None
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +197,19 @@ def _unexpired(now: datetime) -> ColumnElement[bool]:
     return (m.expires_at.is_(None)) | (m.expires_at > now)
 
 
+def _census_conditions(now: datetime) -> dict[str, list[ColumnElement[bool]]]:
+    """What each state of the census means at ``now`` (``waiting``: ready, due later; ``expired``: past
+    ``expires_at``, awaiting cleanup; the other states count unexpired rows)."""
+    due = m.next_attempt_at.is_(None) | (m.next_attempt_at <= now)
+    return {
+        "ready": [m.state == MessageState.READY.value, due, _unexpired(now)],
+        "waiting": [m.state == MessageState.READY.value, m.next_attempt_at > now, _unexpired(now)],
+        "paused": [m.state == MessageState.PAUSED.value, _unexpired(now)],
+        "dead": [m.state == MessageState.DEAD.value, _unexpired(now)],
+        "expired": [m.expires_at.is_not(None), m.expires_at <= now],
+    }
+
+
 def _resume(ids: Sequence[int], dialect: str) -> Update:
     """These messages (locked, read paused by a durable pause) → ready, due no earlier than before the pause.
 
@@ -243,14 +261,7 @@ class ConsoleStatements(MessageStatements, FetchStatements):
 
         def work(connection: Connection) -> Census:
             now = self._now(connection)
-            due = m.next_attempt_at.is_(None) | (m.next_attempt_at <= now)
-            conditions: dict[str, list[ColumnElement[bool]]] = {
-                "ready": [m.state == MessageState.READY.value, due, _unexpired(now)],
-                "waiting": [m.state == MessageState.READY.value, m.next_attempt_at > now, _unexpired(now)],
-                "paused": [m.state == MessageState.PAUSED.value, _unexpired(now)],
-                "dead": [m.state == MessageState.DEAD.value, _unexpired(now)],
-                "expired": [m.expires_at.is_not(None), m.expires_at <= now],
-            }
+            conditions = _census_conditions(now)
             counts = {}
             for name, where in conditions.items():
                 window = select(literal(1)).select_from(message_table).where(*where).limit(limit + 1).subquery()
@@ -288,6 +299,8 @@ class ConsoleStatements(MessageStatements, FetchStatements):
                 post.append(m.created_at >= wanted.created_from)
             if wanted.created_to is not None:
                 post.append(m.created_at < wanted.created_to)
+            if wanted.census_state is not None:
+                post += _census_conditions(self._now(connection))[wanted.census_state]
             statement = (
                 select(message_table)
                 .where(m.id.in_(select(window.c.id)), *post)

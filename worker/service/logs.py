@@ -38,8 +38,12 @@ from worker.redact import redact_text
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(replica)s %(name)s: %(message)s"
 FIELD_LIMIT = 8192  # characters of one message, one field, one traceback
 
-# C0 controls but tab and line feed, DEL, C1 controls, and the Unicode line and paragraph separators.
-_CONTROLS = [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]
+# C0 controls but tab and line feed, DEL, C1 controls, the Unicode line and paragraph separators, and the invisible
+# formatting characters that make text print as something it is not (U+202E turns the rest of a line around).
+_CONTROLS = [
+    *range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0), 0xAD, 0x061C, 0x180E,
+    *range(0x200B, 0x2010), *range(0x2028, 0x202F), *range(0x2060, 0x2070), 0xFEFF,
+]
 _ESCAPES = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _CONTROLS}
 _ESCAPES.update({0x0D: "\\r", 0x1B: "\\x1b"})
 
