@@ -70,3 +70,24 @@ END
 $$;
 CREATE TRIGGER correlation_schedule_names BEFORE INSERT OR UPDATE OF name, message_name ON correlation_schedule
     FOR EACH ROW EXECUTE FUNCTION correlation_schedule_names_check();
+
+-- States a producer's INSERT may give a message beside 'ready' (which is what producers own): 'paused' only under a
+-- durable pause that exists (or none: paused until resumed by hand), and 'dead' only with a reason, which the
+-- schema writes when none is given. The trigger runs only for rows inserted in another state than 'ready', so a
+-- producer's ordinary insert pays nothing for it.
+CREATE FUNCTION correlation_message_inserted_state() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state = 'paused' AND NEW.pause_id IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM correlation_pause WHERE id = NEW.pause_id) THEN
+        RAISE EXCEPTION 'correlation_message_pause_exists: a message inserted paused names durable pause %, which does not exist (lifting it would never resume the message); leave pause_id out or insert it ready', NEW.pause_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'correlation_message_pause_exists',
+                  TABLE = 'correlation_message';
+    END IF;
+    IF NEW.state = 'dead' AND NEW.last_error IS NULL THEN
+        NEW.last_error := 'inserted as dead, not by the worker: it was never called';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER correlation_message_inserted_state BEFORE INSERT ON correlation_message
+    FOR EACH ROW WHEN (NEW.state <> 'ready') EXECUTE FUNCTION correlation_message_inserted_state();

@@ -109,3 +109,18 @@ CREATE TRIGGER correlation_schedule_message_name_printable_update BEFORE UPDATE 
 BEGIN
     SELECT RAISE(ABORT, 'correlation_schedule_message_name_printable: a message name holds no control or invisible formatting character');
 END;
+
+-- States a producer's INSERT may give beside 'ready': 'paused' only under a durable pause that exists (or none),
+-- 'dead' only with a reason, which the schema writes when none is given (see the PostgreSQL file).
+CREATE TRIGGER correlation_message_pause_exists BEFORE INSERT ON correlation_message
+    WHEN NEW.state = 'paused' AND NEW.pause_id IS NOT NULL
+         AND NOT EXISTS (SELECT 1 FROM correlation_pause WHERE id = NEW.pause_id)
+BEGIN
+    SELECT RAISE(ABORT, 'correlation_message_pause_exists: a message inserted paused names a durable pause that does not exist (lifting it would never resume the message); leave pause_id out or insert it ready');
+END;
+CREATE TRIGGER correlation_message_dead_has_a_reason AFTER INSERT ON correlation_message
+    WHEN NEW.state = 'dead' AND NEW.last_error IS NULL
+BEGIN
+    UPDATE correlation_message SET last_error = 'inserted as dead, not by the worker: it was never called'
+     WHERE id = NEW.id;
+END;

@@ -259,3 +259,15 @@ def test_messages_that_break_the_name_rules_before_the_upgrade_are_made_dead_wit
     with engine.begin() as connection:  # the rows that keep the rules are worked on as before
         connection.execute(text("UPDATE correlation_message SET attempt = 1 WHERE state = 'ready'"))
     store.close()
+
+
+def test_a_message_inserted_paused_under_a_pause_that_does_not_exist_is_refused(conn: Connection) -> None:
+    rejected(conn, "correlation_message_pause_exists", columns=", state, pause_id", values=", 'paused', 424242")
+    insert(conn, ", state", ", 'paused'")  # paused by hand, no pause: resumed by hand
+
+
+def test_a_message_inserted_dead_gets_a_reason_saying_so(conn: Connection) -> None:
+    insert(conn, ", state", ", 'dead'")
+    insert(conn, ", state, last_error", ", 'dead', 'moved here from the old system'")
+    errors = conn.execute(text("SELECT last_error FROM correlation_message ORDER BY id")).scalars().all()
+    assert errors == ["inserted as dead, not by the worker: it was never called", "moved here from the old system"]
