@@ -403,11 +403,13 @@ def test_show_finds_a_message_by_its_id_or_its_producer_s_message_id(pg_db: Data
 
 
 def test_outputs_are_json_when_piped_and_tables_when_asked(pg_db: Database) -> None:
-    cli(pg_db, "send", "order.paid", "order-\x1b[2J", "--message-id", "m-1")
+    cli(pg_db, "send", "order.paid", "order-1", "--message-id", "m-1")
+    # Names and hints refuse control characters; a message_id may hold them and is shown escaped.
+    cli(pg_db, "send", "order.paid", "order-2", "--message-id", "m-2\x1b[2J")
     piped = cli(pg_db, "status")
     status = json.loads(piped.stdout)
     assert set(status) == {"messages_by_state", "oldest_eligible_age_seconds", "slots", "slots_per_replica"}
-    assert status["messages_by_state"]["ready"] == 1 and status["slots"] == 64
+    assert status["messages_by_state"]["ready"] == 2 and status["slots"] == 64
     table = cli(pg_db, "status", "--output", "table").stdout
     assert "state" in table and "messages" in table and "slot leases: 0 of 64 slots" in table
     listed = cli(pg_db, "messages", "list", "-o", "table").stdout
