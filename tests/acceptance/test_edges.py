@@ -39,8 +39,8 @@ def huge_error(message: worker.Message) -> None:
 
 
 def always_fails(message: worker.Message) -> None:
-    """Fail (its hint and payload may carry control characters)."""
-    raise RuntimeError(f"refused {message.hint}")
+    """Fail naming its payload's note (which may carry control characters)."""
+    raise RuntimeError(f"refused {message.hint}: {message.payload.get('note')}")
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -318,9 +318,10 @@ def test_control_characters_from_hints_payloads_and_errors_are_escaped(
     routes = {"order.fails": "test_edges:always_fails", "*": "log"}
     process = start_worker(pg_db, log__format=log_format, correlators=json.dumps(routes),
                            policy__backoff_unit="PT1H")
-    hostile = "order\x1b[2J\rFAKE ERROR line\x07"
-    failing = pg_db.insert("order.fails", hostile, {"note": "\x1b]0;title\x07"})
-    logged = pg_db.insert("order.paid", hostile + "-2", {"note": "\x1b[31mred"})
+    # Hints refuse control characters (schema 0008); payloads and the errors made of them carry them to the log.
+    hostile = "\x1b[2J\rFAKE ERROR line\x07"
+    failing = pg_db.insert("order.fails", "order-1", {"note": hostile})
+    logged = pg_db.insert("order.paid", "order-2", {"note": "\x1b[31mred\x1b]0;title\x07"})
     wait_until(
         lambda: pg_db.gone(logged) and (pg_db.message(failing) or {}).get("attempt") == 1,
         what="both messages handled",
