@@ -22,15 +22,17 @@ class Target:
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.answers: list[tuple[int, str]] = []
+        self.answers: list[tuple[int, str] | tuple[int, str, dict[str, str]]] = []
         target = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers["Content-Length"])
                 target.requests.append((self.path, json.loads(self.rfile.read(length))))
-                status, body = target.answers.pop(0) if target.answers else (204, "")
+                status, body, *extra = target.answers.pop(0) if target.answers else (204, "")
                 self.send_response(status)
+                for name, value in (extra[0] if extra else {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body.encode())
@@ -75,6 +77,26 @@ def test_other_4xx_are_permanent(target: Target, status: int) -> None:
     target.answers.append((status, "bad request"))
     with pytest.raises(PermanentError, match=str(status)):
         HttpCorrelator(target.url)(message(1))
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_permanent_and_names_its_location_without_credentials(target: Target, status: int) -> None:
+    target.answers.append((status, "", {"Location": "https://user:secret@engine.example/new"}))
+    with pytest.raises(PermanentError) as raised:
+        HttpCorrelator(target.url + "/old")(message(1))
+    reason = str(raised.value)
+    assert f"answered {status} redirecting to https://user:***@engine.example/new" in reason
+    assert "secret" not in reason and len(target.requests) == 1
+
+
+def test_credentials_in_the_url_beside_an_authorization_header_are_refused() -> None:
+    spec = {"type": "http", "url": "https://user:pw@engine.example/x", "headers": {"authorization": "Bearer t"}}
+    refusal = r"CORRELATION_CORRELATORS\[\*\]: credentials in 'url'.*Authorization"
+    with pytest.raises(ConfigError, match=refusal) as raised:
+        Router.from_settings({"*": spec})
+    assert "\n" not in str(raised.value) and "pw" not in str(raised.value)
+    Router.from_settings({"*": {**spec, "headers": {"X-Trace": "1"}}})
+    Router.from_settings({"*": {**spec, "url": "https://engine.example/x"}})
 
 
 def test_connection_refused_is_a_retry(target: Target) -> None:

@@ -1,6 +1,7 @@
 """The ``http`` correlator: POSTs each message as JSON to an endpoint (DESIGN.md §5).
 
-2xx is success; 5xx, timeouts and connection errors are retries; any other 4xx is permanent. The ``camunda7``
+2xx is success; 5xx, timeouts and connection errors are retries; any other 4xx is permanent. A 3xx is not
+followed: it is permanent, and its reason names the ``Location`` the endpoint pointed to. The ``camunda7``
 preset speaks the message-correlation API of Camunda 7 / Operaton (``POST {url}/message``): its 400 "no process
 definition or execution matches" means the process is not waiting yet, which is a retry, not an error.
 
@@ -15,6 +16,7 @@ import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -102,6 +104,12 @@ class HttpCorrelator:
         headers = spec.get("headers") or {}
         if not isinstance(headers, dict):
             raise ConfigError(f"invalid setting {setting}: 'headers' must be an object")
+        if "@" in urlsplit(url).netloc and any(str(k).lower() == "authorization" for k in headers):
+            # httpx turns URL credentials into an Authorization header that replaces the configured one.
+            raise ConfigError(
+                f"invalid setting {setting}: credentials in 'url' would replace the 'Authorization' header; "
+                "give one of the two"
+            )
         return cls(url, preset=preset, timeout=timeout, headers={str(k): str(v) for k, v in headers.items()})
 
     def __call__(self, message: Message) -> None:
@@ -119,6 +127,12 @@ class HttpCorrelator:
         if 200 <= status < 300:
             return
         head = response.text[:BODY_HEAD]
+        if 300 <= status < 400:
+            location = redact_url(response.headers.get("Location", "(no Location header)"))
+            raise PermanentError(
+                f"POST {self.shown_url} answered {status} redirecting to {location}; redirects are not followed: "
+                "set the route's url to the endpoint itself"
+            )
         if status >= 500 or status in (408, 429):
             raise Retry(f"POST {self.shown_url} answered {status}: {head}")
         if self.preset == "camunda7" and status == 400 and any(m in head.lower() for m in NOT_WAITING_MARKERS):
