@@ -13,7 +13,7 @@ import pytest
 from tests.unit.factories import message
 from worker.config import ConfigError
 from worker.correlators import Router
-from worker.correlators.http import HttpCorrelator
+from worker.correlators.http import HttpCorrelator, retry_after
 from worker.policy.outcomes import PermanentError, Retry
 
 
@@ -97,6 +97,22 @@ def test_credentials_in_the_url_beside_an_authorization_header_are_refused() -> 
     assert "\n" not in str(raised.value) and "pw" not in str(raised.value)
     Router.from_settings({"*": {**spec, "headers": {"X-Trace": "1"}}})
     Router.from_settings({"*": {**spec, "url": "https://engine.example/x"}})
+
+
+@pytest.mark.parametrize(("header", "seconds"), [("120", 120.0), ("soon", None)])
+@pytest.mark.parametrize("status", [429, 503])
+def test_retry_after_is_handed_to_the_retry(target: Target, status: int, header: str, seconds: float | None) -> None:
+    target.answers.append((status, "busy", {"Retry-After": header}))
+    with pytest.raises(Retry) as raised:
+        HttpCorrelator(target.url)(message(1))
+    assert raised.value.after == seconds
+
+
+def test_retry_after_reads_an_http_date_against_the_answers_date() -> None:
+    date = "Wed, 25 Nov 2026 10:00:00 GMT"
+    assert retry_after("Wed, 25 Nov 2026 10:00:30 GMT", date) == 30.0
+    assert retry_after("Wed, 25 Nov 2026 09:00:00 GMT", date) == 0.0
+    assert retry_after(" 7 ", date) == 7.0 and retry_after("", date) is None and retry_after("-3", date) is None
 
 
 def test_connection_refused_is_a_retry(target: Target) -> None:

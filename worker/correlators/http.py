@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,6 +37,23 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     return value
+
+
+def retry_after(value: str | None, date: str | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date), or None when unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+        now = parsedate_to_datetime(date) if date else datetime.now(UTC)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None or now.tzinfo is None:
+        return None
+    return max((when - now).total_seconds(), 0.0)
 
 
 def generic_body(message: Message) -> dict[str, Any]:
@@ -134,7 +152,9 @@ class HttpCorrelator:
                 "set the route's url to the endpoint itself"
             )
         if status >= 500 or status in (408, 429):
-            raise Retry(f"POST {self.shown_url} answered {status}: {head}")
+            after = retry_after(response.headers.get("Retry-After"), response.headers.get("Date"))
+            waits = "" if after is None else f" (Retry-After {after:.0f}s)"
+            raise Retry(f"POST {self.shown_url} answered {status}{waits}: {head}", after=after)
         if self.preset == "camunda7" and status == 400 and any(m in head.lower() for m in NOT_WAITING_MARKERS):
             raise Retry(f"no process is waiting for {message.name!r} with business key {message.hint!r} yet: {head}")
         raise PermanentError(f"POST {self.shown_url} answered {status}: {head}")
