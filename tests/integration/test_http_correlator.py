@@ -22,6 +22,7 @@ class Target:
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.authorizations: list[str | None] = []
         self.answers: list[tuple[int, str] | tuple[int, str, dict[str, str]]] = []
         target = self
 
@@ -29,6 +30,7 @@ class Target:
             def do_POST(self) -> None:
                 length = int(self.headers["Content-Length"])
                 target.requests.append((self.path, json.loads(self.rfile.read(length))))
+                target.authorizations.append(self.headers.get("Authorization"))
                 status, body, *extra = target.answers.pop(0) if target.answers else (204, "")
                 self.send_response(status)
                 for name, value in (extra[0] if extra else {}).items():
@@ -113,6 +115,43 @@ def test_retry_after_reads_an_http_date_against_the_answers_date() -> None:
     assert retry_after("Wed, 25 Nov 2026 10:00:30 GMT", date) == 30.0
     assert retry_after("Wed, 25 Nov 2026 09:00:00 GMT", date) == 0.0
     assert retry_after(" 7 ", date) == 7.0 and retry_after("", date) is None and retry_after("-3", date) is None
+
+
+def test_bearer_and_basic_auth_send_secrets_from_the_environment(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ENGINE_TOKEN", "t0k3n")
+    monkeypatch.setenv("ENGINE_PASSWORD", "s3cret")
+    routes = {
+        "bearer": {"type": "http", "url": target.url, "auth": {"type": "bearer", "token_env": "ENGINE_TOKEN"}},
+        "basic": {"type": "http", "url": target.url,
+                  "auth": {"type": "basic", "username": "demo", "password_env": "ENGINE_PASSWORD"}},
+    }
+    router = Router.from_settings(routes)
+    for name in ("bearer", "basic"):
+        correlator = router.route(name)
+        assert correlator is not None
+        correlator(message(1))
+    assert target.authorizations == ["Bearer t0k3n", "Basic ZGVtbzpzM2NyZXQ="]
+    assert "t0k3n" not in str(router.describe()) and "s3cret" not in str(router.describe())
+
+
+def test_bad_auth_specs_are_refused_in_one_line_naming_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGINE_TOKEN", raising=False)
+    monkeypatch.setenv("ENGINE_PASSWORD", "s3cret")
+    bad = [
+        ({"type": "bearer", "token_env": "ENGINE_TOKEN"}, "names ENGINE_TOKEN, which is not set"),
+        ({"type": "bearer"}, "needs 'token_env'"),
+        ({"type": "digest"}, "'auth' must be"),
+        ({"type": "basic", "password_env": "ENGINE_PASSWORD"}, "needs a 'username'"),
+    ]
+    for auth, rule in bad:
+        with pytest.raises(ConfigError, match=rule) as raised:
+            Router.from_settings({"*": {"type": "http", "url": "http://127.0.0.1:1/x", "auth": auth}})
+        assert "\n" not in str(raised.value) and "s3cret" not in str(raised.value)
+    with pytest.raises(ConfigError, match="not both"):
+        Router.from_settings({"*": {"type": "http", "url": "http://127.0.0.1:1/x", "headers": {"Authorization": "x"},
+                                    "auth": {"type": "basic", "username": "u", "password_env": "ENGINE_PASSWORD"}}})
 
 
 def test_connection_refused_is_a_retry(target: Target) -> None:

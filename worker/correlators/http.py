@@ -12,7 +12,9 @@ Configured as::
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -37,6 +39,36 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     return value
+
+
+def _secret(spec: Mapping[str, Any], key: str, setting: str) -> str:
+    """The value of the environment variable a route names under ``key`` (the secret never sits in the spec)."""
+    name = spec.get(key)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"invalid setting {setting}: auth needs '{key}', the name of an environment variable")
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"invalid setting {setting}: auth '{key}' names {name}, which is not set or empty")
+    return value
+
+
+def auth_header(auth: object, setting: str) -> str | None:
+    """The Authorization header of a route's ``auth``: bearer or basic, secrets read from the environment."""
+    if auth is None:
+        return None
+    kind = auth.get("type") if isinstance(auth, Mapping) else None
+    if not isinstance(auth, Mapping) or kind not in ("bearer", "basic"):
+        raise ConfigError(
+            f"invalid setting {setting}: 'auth' must be {{\"type\": \"bearer\", \"token_env\": ...}} or "
+            '{"type": "basic", "username": ..., "password_env": ...}'
+        )
+    if kind == "bearer":
+        return f"Bearer {_secret(auth, 'token_env', setting)}"
+    username = auth.get("username")
+    if not isinstance(username, str) or not username or ":" in username:
+        raise ConfigError(f"invalid setting {setting}: basic auth needs a 'username' without ':'")
+    pair = f"{username}:{_secret(auth, 'password_env', setting)}".encode()
+    return f"Basic {base64.b64encode(pair).decode()}"
 
 
 def retry_after(value: str | None, date: str | None = None) -> float | None:
@@ -122,13 +154,19 @@ class HttpCorrelator:
         headers = spec.get("headers") or {}
         if not isinstance(headers, dict):
             raise ConfigError(f"invalid setting {setting}: 'headers' must be an object")
-        if "@" in urlsplit(url).netloc and any(str(k).lower() == "authorization" for k in headers):
+        headers = {str(k): str(v) for k, v in headers.items()}
+        authorization = auth_header(spec.get("auth"), setting)
+        if authorization is not None:
+            if any(k.lower() == "authorization" for k in headers):
+                raise ConfigError(f"invalid setting {setting}: give 'auth' or an 'Authorization' header, not both")
+            headers["Authorization"] = authorization
+        if "@" in urlsplit(url).netloc and any(k.lower() == "authorization" for k in headers):
             # httpx turns URL credentials into an Authorization header that replaces the configured one.
             raise ConfigError(
                 f"invalid setting {setting}: credentials in 'url' would replace the 'Authorization' header; "
                 "give one of the two"
             )
-        return cls(url, preset=preset, timeout=timeout, headers={str(k): str(v) for k, v in headers.items()})
+        return cls(url, preset=preset, timeout=timeout, headers=headers)
 
     def __call__(self, message: Message) -> None:
         """POST the message; raise Retry or PermanentError unless the answer is 2xx."""
