@@ -175,6 +175,22 @@ def test_camunda7_preset_posts_a_message_correlation_request(target: Target) -> 
     }
 
 
+def test_camunda7_passes_tenant_and_process_instance_from_headers_and_all_from_the_spec(target: Target) -> None:
+    spec = {"type": "http", "preset": "camunda7", "url": target.url, "all": True, "without_tenant_id": True}
+    correlator = Router.from_settings({"*": spec}).route("order.paid")
+    assert correlator is not None
+    correlator(message(1, "order-9", headers={"tenantId": "acme", "processInstanceId": "pi-7"}))
+    correlator(message(2, "order-9"))
+    first, second = (body for _path, body in target.requests)
+    assert (first["tenantId"], first["processInstanceId"], first["all"]) == ("acme", "pi-7", True)
+    assert "withoutTenantId" not in first
+    assert second["withoutTenantId"] is True and "tenantId" not in second and "processInstanceId" not in second
+    with pytest.raises(ConfigError, match="'all' must be true or false"):
+        Router.from_settings({"*": {**spec, "all": "yes"}})
+    with pytest.raises(ConfigError, match="belongs to the camunda7 preset"):
+        Router.from_settings({"*": {"type": "http", "url": target.url, "all": True}})
+
+
 def test_camunda7_no_matching_execution_is_a_retry_other_400_is_permanent(target: Target) -> None:
     correlator = HttpCorrelator(target.url, preset="camunda7")
     target.answers.append(

@@ -102,17 +102,28 @@ def generic_body(message: Message) -> dict[str, Any]:
     }
 
 
-def camunda7_body(message: Message) -> dict[str, Any]:
-    """A Camunda 7 / Operaton message-correlation request: the hint is the business key."""
+def camunda7_body(message: Message, *, correlate_all: bool = False, without_tenant: bool = False) -> dict[str, Any]:
+    """A Camunda 7 / Operaton message-correlation request: the hint is the business key.
+
+    The ``tenantId`` and ``processInstanceId`` headers narrow the correlation; without a ``tenantId`` header,
+    ``without_tenant`` asks for definitions and executions that belong to no tenant.
+    """
     payload = _plain(message.payload)
     variables = payload if isinstance(payload, dict) else {"payload": payload}
     body: dict[str, Any] = {
         "messageName": message.name,
         "businessKey": message.hint,
         "processVariables": {name: {"value": value} for name, value in variables.items()},
-        "all": False,
+        "all": correlate_all,
     }
-    keys = _plain(message.headers).get("correlationKeys")
+    headers = _plain(message.headers)
+    if isinstance(headers.get("tenantId"), str) and headers["tenantId"]:
+        body["tenantId"] = headers["tenantId"]
+    elif without_tenant:
+        body["withoutTenantId"] = True
+    if isinstance(headers.get("processInstanceId"), str) and headers["processInstanceId"]:
+        body["processInstanceId"] = headers["processInstanceId"]
+    keys = headers.get("correlationKeys")
     if isinstance(keys, dict):
         body["correlationKeys"] = {name: {"value": value} for name, value in keys.items()}
     return body
@@ -129,8 +140,12 @@ class HttpCorrelator:
         timeout: timedelta = timedelta(seconds=10),
         headers: Mapping[str, str] | None = None,
         client: httpx.Client | None = None,
+        correlate_all: bool = False,
+        without_tenant: bool = False,
     ) -> None:
         self.preset = preset
+        self.correlate_all = correlate_all
+        self.without_tenant = without_tenant
         self.url = url.rstrip("/") + "/message" if preset == "camunda7" else url
         # What errors (and so last_error and the logs) name: the URL without its credentials.
         self.shown_url = redact_url(self.url)
@@ -166,11 +181,24 @@ class HttpCorrelator:
                 f"invalid setting {setting}: credentials in 'url' would replace the 'Authorization' header; "
                 "give one of the two"
             )
-        return cls(url, preset=preset, timeout=timeout, headers=headers)
+        flags = {}
+        for key in ("all", "without_tenant_id"):
+            if not isinstance(spec.get(key, False), bool):
+                raise ConfigError(f"invalid setting {setting}: '{key}' must be true or false")
+            if key in spec and preset != "camunda7":
+                raise ConfigError(f"invalid setting {setting}: '{key}' belongs to the camunda7 preset")
+            flags[key] = bool(spec.get(key, False))
+        return cls(
+            url, preset=preset, timeout=timeout, headers=headers,
+            correlate_all=flags["all"], without_tenant=flags["without_tenant_id"],
+        )
 
     def __call__(self, message: Message) -> None:
         """POST the message; raise Retry or PermanentError unless the answer is 2xx."""
-        body = camunda7_body(message) if self.preset == "camunda7" else generic_body(message)
+        if self.preset == "camunda7":
+            body = camunda7_body(message, correlate_all=self.correlate_all, without_tenant=self.without_tenant)
+        else:
+            body = generic_body(message)
         try:
             response = self.client.post(
                 self.url, content=json.dumps(body), headers={"Content-Type": "application/json"}
