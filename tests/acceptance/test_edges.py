@@ -219,12 +219,14 @@ def test_no_credential_is_printed_in_any_form_by_run_migrate_or_check_config(
         "type": "http",
         # Nothing listens on port 9: every call fails, and its error names the URL.
         "url": f"http://bot:{SECRET}-2@127.0.0.1:9/hook?token={SECRET}-3&tenant=acme",
-        "headers": {"Authorization": f"Bearer {SECRET}-4", "X-Api-Key": f"{SECRET}-5", "X-Tenant": "acme"},
+        "headers": {"X-Api-Key": f"{SECRET}-5", "X-Tenant": "acme"},
         "timeout": "PT2S",
     }
+    # URL credentials beside an Authorization header are refused, so the header has a route of its own.
+    bearer = {"type": "http", "url": "http://127.0.0.1:9/hook", "headers": {"Authorization": f"Bearer {SECRET}-4"}}
     settings = {
         "database__url": database_url,
-        "correlators": json.dumps({"*": "recorder:handle", "order.http": route}),
+        "correlators": json.dumps({"*": "recorder:handle", "order.http": route, "order.bearer": bearer}),
         "policy__backoff_unit": "PT1H",
     }
     checked = cli(pg_db, "check-config", **settings)
@@ -233,7 +235,8 @@ def test_no_credential_is_printed_in_any_form_by_run_migrate_or_check_config(
     assert shown["database"]["url"].endswith("?password=***&application_name=edges")
     assert "bot:***@127.0.0.1:9" in shown["correlators"]["order.http"]
     assert "token=***&tenant=acme" in shown["correlators"]["order.http"]
-    assert '"Authorization": "***"' in shown["correlators"]["order.http"]
+    assert '"X-Api-Key": "***"' in shown["correlators"]["order.http"]
+    assert '"Authorization": "***"' in shown["correlators"]["order.bearer"]
     migrated = cli(pg_db, "migrate", **settings)
     assert migrated.returncode == 0, migrated.stderr
 
