@@ -13,7 +13,7 @@ import pytest
 from tests.unit.factories import message
 from worker.config import ConfigError
 from worker.correlators import Router
-from worker.correlators.http import HttpCorrelator
+from worker.correlators.http import HttpCorrelator, retry_after
 from worker.policy.outcomes import PermanentError, Retry
 
 
@@ -22,18 +22,19 @@ class Target:
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.answers: list[tuple[int, str]] = []
-        self.location = ""  # a Location header sent with every answer, when set
+        self.authorizations: list[str | None] = []
+        self.answers: list[tuple[int, str] | tuple[int, str, dict[str, str]]] = []
         target = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers["Content-Length"])
                 target.requests.append((self.path, json.loads(self.rfile.read(length))))
-                status, body = target.answers.pop(0) if target.answers else (204, "")
+                target.authorizations.append(self.headers.get("Authorization"))
+                status, body, *extra = target.answers.pop(0) if target.answers else (204, "")
                 self.send_response(status)
-                if target.location:
-                    self.send_header("Location", target.location)
+                for name, value in (extra[0] if extra else {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body.encode())
@@ -80,6 +81,79 @@ def test_other_4xx_are_permanent(target: Target, status: int) -> None:
         HttpCorrelator(target.url)(message(1))
 
 
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_permanent_and_names_its_location_without_credentials(target: Target, status: int) -> None:
+    target.answers.append((status, "", {"Location": "https://user:secret@engine.example/new"}))
+    with pytest.raises(PermanentError) as raised:
+        HttpCorrelator(target.url + "/old")(message(1))
+    reason = str(raised.value)
+    assert f"answered {status} redirecting to https://user:***@engine.example/new" in reason
+    assert "secret" not in reason and len(target.requests) == 1
+
+
+def test_credentials_in_the_url_beside_an_authorization_header_are_refused() -> None:
+    spec = {"type": "http", "url": "https://user:pw@engine.example/x", "headers": {"authorization": "Bearer t"}}
+    refusal = r"CORRELATION_CORRELATORS\[\*\]: credentials in 'url'.*Authorization"
+    with pytest.raises(ConfigError, match=refusal) as raised:
+        Router.from_settings({"*": spec})
+    assert "\n" not in str(raised.value) and "pw" not in str(raised.value)
+    Router.from_settings({"*": {**spec, "headers": {"X-Trace": "1"}}})
+    Router.from_settings({"*": {**spec, "url": "https://engine.example/x"}})
+
+
+@pytest.mark.parametrize(("header", "seconds"), [("120", 120.0), ("soon", None)])
+@pytest.mark.parametrize("status", [429, 503])
+def test_retry_after_is_handed_to_the_retry(target: Target, status: int, header: str, seconds: float | None) -> None:
+    target.answers.append((status, "busy", {"Retry-After": header}))
+    with pytest.raises(Retry) as raised:
+        HttpCorrelator(target.url)(message(1))
+    assert raised.value.after == seconds
+
+
+def test_retry_after_reads_an_http_date_against_the_answers_date() -> None:
+    date = "Wed, 25 Nov 2026 10:00:00 GMT"
+    assert retry_after("Wed, 25 Nov 2026 10:00:30 GMT", date) == 30.0
+    assert retry_after("Wed, 25 Nov 2026 09:00:00 GMT", date) == 0.0
+    assert retry_after(" 7 ", date) == 7.0 and retry_after("", date) is None and retry_after("-3", date) is None
+
+
+def test_bearer_and_basic_auth_send_secrets_from_the_environment(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ENGINE_TOKEN", "t0k3n")
+    monkeypatch.setenv("ENGINE_PASSWORD", "s3cret")
+    routes = {
+        "bearer": {"type": "http", "url": target.url, "auth": {"type": "bearer", "token_env": "ENGINE_TOKEN"}},
+        "basic": {"type": "http", "url": target.url,
+                  "auth": {"type": "basic", "username": "demo", "password_env": "ENGINE_PASSWORD"}},
+    }
+    router = Router.from_settings(routes)
+    for name in ("bearer", "basic"):
+        correlator = router.route(name)
+        assert correlator is not None
+        correlator(message(1))
+    assert target.authorizations == ["Bearer t0k3n", "Basic ZGVtbzpzM2NyZXQ="]
+    assert "t0k3n" not in str(router.describe()) and "s3cret" not in str(router.describe())
+
+
+def test_bad_auth_specs_are_refused_in_one_line_naming_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGINE_TOKEN", raising=False)
+    monkeypatch.setenv("ENGINE_PASSWORD", "s3cret")
+    bad = [
+        ({"type": "bearer", "token_env": "ENGINE_TOKEN"}, "names ENGINE_TOKEN, which is not set"),
+        ({"type": "bearer"}, "needs 'token_env'"),
+        ({"type": "digest"}, "'auth' must be"),
+        ({"type": "basic", "password_env": "ENGINE_PASSWORD"}, "needs a 'username'"),
+    ]
+    for auth, rule in bad:
+        with pytest.raises(ConfigError, match=rule) as raised:
+            Router.from_settings({"*": {"type": "http", "url": "http://127.0.0.1:1/x", "auth": auth}})
+        assert "\n" not in str(raised.value) and "s3cret" not in str(raised.value)
+    with pytest.raises(ConfigError, match="not both"):
+        Router.from_settings({"*": {"type": "http", "url": "http://127.0.0.1:1/x", "headers": {"Authorization": "x"},
+                                    "auth": {"type": "basic", "username": "u", "password_env": "ENGINE_PASSWORD"}}})
+
+
 def test_connection_refused_is_a_retry(target: Target) -> None:
     url = target.url
     target.close()
@@ -99,6 +173,22 @@ def test_camunda7_preset_posts_a_message_correlation_request(target: Target) -> 
         "correlationKeys": {"orderId": {"value": 9}},
         "all": False,
     }
+
+
+def test_camunda7_passes_tenant_and_process_instance_from_headers_and_all_from_the_spec(target: Target) -> None:
+    spec = {"type": "http", "preset": "camunda7", "url": target.url, "all": True, "without_tenant_id": True}
+    correlator = Router.from_settings({"*": spec}).route("order.paid")
+    assert correlator is not None
+    correlator(message(1, "order-9", headers={"tenantId": "acme", "processInstanceId": "pi-7"}))
+    correlator(message(2, "order-9"))
+    first, second = (body for _path, body in target.requests)
+    assert (first["tenantId"], first["processInstanceId"], first["all"]) == ("acme", "pi-7", True)
+    assert "withoutTenantId" not in first
+    assert second["withoutTenantId"] is True and "tenantId" not in second and "processInstanceId" not in second
+    with pytest.raises(ConfigError, match="'all' must be true or false"):
+        Router.from_settings({"*": {**spec, "all": "yes"}})
+    with pytest.raises(ConfigError, match="belongs to the camunda7 preset"):
+        Router.from_settings({"*": {"type": "http", "url": target.url, "all": True}})
 
 
 def test_camunda7_no_matching_execution_is_a_retry_other_400_is_permanent(target: Target) -> None:
@@ -121,19 +211,3 @@ def test_routes_build_http_correlators_and_refuse_bad_specs() -> None:
         Router.from_settings({"*": {"type": "http"}})
     with pytest.raises(ConfigError, match="preset"):
         Router.from_settings({"*": {"type": "http", "url": "http://x", "preset": "zeebe"}})
-
-
-@pytest.mark.parametrize("status", [301, 302, 307, 308])
-def test_a_redirect_is_permanent_and_names_where_it_points(target: Target, status: int) -> None:
-    target.answers.append((status, ""))
-    target.location = "https://engine.example/engine-rest/message"
-    with pytest.raises(PermanentError, match=f"{status}, a redirect to https://engine.example/engine-rest/message"):
-        HttpCorrelator(target.url)(message(1))
-    assert len(target.requests) == 1, "not followed"
-
-
-def test_credentials_in_the_url_beside_an_authorization_header_are_refused() -> None:
-    spec = {"type": "http", "url": "https://app:secret@engine/x", "headers": {"Authorization": "Bearer t"}}
-    with pytest.raises(ConfigError, match="carries credentials and 'headers' an Authorization") as info:
-        Router.from_settings({"*": spec})
-    assert "secret" not in str(info.value)

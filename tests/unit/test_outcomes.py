@@ -51,6 +51,19 @@ def test_rows_own_time_to_live_overrides_the_policy() -> None:
     assert resolve(message(1, time_to_live=seconds(0)), Retry(), EXAMPLE, T0 + seconds(1), POLL).kind is Kind.RETRY
 
 
+def test_retry_after_delays_buffered_and_recorded_retries_up_to_the_backoff_cap() -> None:
+    inside = resolve(message(1), Retry("busy", after=30), EXAMPLE, T0 + seconds(1), POLL)
+    assert (inside.kind, inside.next_attempt_at) == (Kind.BUFFER, T0 + seconds(31))
+    recorded = resolve(message(1), Retry("busy", after=seconds(200)), EXAMPLE, T0 + seconds(20), POLL)
+    assert (recorded.kind, recorded.next_attempt_at) == (Kind.RETRY, T0 + seconds(220))
+    capped = resolve(message(1), Retry("busy", after=10**9), EXAMPLE, T0 + seconds(20), POLL)
+    assert capped.next_attempt_at == T0 + seconds(20 + 600)
+    shorter = resolve(message(1), Retry("busy", after=1), EXAMPLE, T0 + seconds(20), POLL)
+    assert shorter.next_attempt_at == T0 + seconds(20 + 60)  # the backoff when it is the longer
+    ignored = resolve(message(1), Retry("busy", after="soon"), EXAMPLE, T0 + seconds(20), POLL)  # type: ignore[arg-type]
+    assert ignored.next_attempt_at == T0 + seconds(20 + 60)
+
+
 def test_max_retries_one_makes_the_first_recorded_failure_final() -> None:
     d = resolve(message(1), Retry(), Policy(max_retries=1), T0, POLL)
     assert (d.kind, d.attempt) == (Kind.DEAD, 1)

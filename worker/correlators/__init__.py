@@ -50,7 +50,7 @@ class Router:
 ROUTE_KEYS = {
     "log": frozenset({"type"}),
     "python": frozenset({"type", "handler"}),
-    "http": frozenset({"type", "url", "preset", "timeout", "headers"}),
+    "http": frozenset({"type", "url", "preset", "timeout", "headers", "auth", "all", "without_tenant_id"}),
 }
 
 

@@ -37,7 +37,15 @@ MAX_DELAY = timedelta(days=365 * 1000)
 
 
 class Retry(Exception):
-    """The target could not take the message now; try again after the backoff."""
+    """The target could not take the message now; try again after the backoff.
+
+    ``after`` (a :class:`~datetime.timedelta` or seconds; e.g. an HTTP ``Retry-After``) is the earliest the
+    target wants to be called again: the next attempt is due no sooner, capped by the policy's ``backoff_cap``.
+    """
+
+    def __init__(self, *args: object, after: timedelta | float | None = None) -> None:
+        super().__init__(*args)
+        self.after = after
 
 
 class PermanentError(Exception):
@@ -225,13 +233,16 @@ def resolve(
         return Disposition(
             message.id, Kind.DEAD, min(message.attempt + 1, COUNTER_MAX), None, message.reschedule_count, reason
         )
+    # The target's own Retry-After, never past the policy's cap (a bad value is ignored: the backoff rules).
+    after, _note = _delay(getattr(error, "after", None), timedelta(0))
+    after = min(after, policy.backoff_cap)
     time_to_live = message.time_to_live if message.time_to_live is not None else policy.time_to_live
     if time_to_live is not None and now < _due(message.created_at, time_to_live):
         return Disposition(
             message.id,
             Kind.BUFFER,
             message.attempt,
-            _due(now, poll_interval),
+            _due(now, max(poll_interval, after)),
             message.reschedule_count,
             message.last_error,
         )
@@ -246,7 +257,9 @@ def resolve(
         jitter=policy.jitter,
         rng=rng,
     )
-    return Disposition(message.id, Kind.RETRY, failures, _due(now, delay), message.reschedule_count, reason)
+    return Disposition(
+        message.id, Kind.RETRY, failures, _due(now, max(delay, after)), message.reschedule_count, reason
+    )
 
 
 @dataclass(frozen=True, slots=True)
