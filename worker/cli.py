@@ -106,6 +106,7 @@ def _with_store(action: Callable[[Store], Any]) -> Any:
         if revision is None:
             _fail("the database has no correlation-worker schema yet: run `correlation-worker migrate` first")
         check_revision_known(revision)
+        store.schema_check_complete()
         return action(store)
     except (StoreError, admin.AdminError) as error:
         _fail(str(error))
@@ -263,6 +264,7 @@ def migrate() -> None:
     store = Store.from_settings(settings.database)
     try:
         before, after = store.schema_migrate()
+        store.schema_check_complete()  # a revision recorded as current may name tables dropped since
     except StoreError as error:
         _fail(str(error))
     finally:

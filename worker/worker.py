@@ -21,7 +21,7 @@ from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
 from worker.db.listener import Listener
 from worker.db.schema import check_revision_known, head_revision
-from worker.db.store import DatabaseUnavailable, Store, StoreError
+from worker.db.store import DatabaseUnavailable, SchemaIncomplete, Store, StoreError
 from worker.engine.cleanup import Cleanup
 from worker.engine.engine import Engine
 from worker.engine.gauges import Gauges
@@ -144,6 +144,7 @@ class Worker:
             return
         head = head_revision()
         if revision == head:
+            self._check_schema_complete()
             return
         check_revision_known(revision)  # a newer release's schema: one line saying so, not advice to migrate
         if not self.settings.database.auto_migrate:
@@ -153,6 +154,13 @@ class Worker:
             )
         before, after = self.store.schema_migrate()
         logger.info("schema migrated from %s to %s", before or "nothing", after)
+        self._check_schema_complete()
+
+    def _check_schema_complete(self) -> None:
+        try:
+            self.store.schema_check_complete()
+        except SchemaIncomplete as error:
+            raise StartupError(str(error)) from None
 
     def readiness(self) -> str | None:
         """None when ready; otherwise why not (for /readyz)."""
@@ -164,6 +172,12 @@ class Worker:
                 return (
                     f"the database schema is at revision {revision}, this version needs {head_revision()}: "
                     "run `correlation-worker migrate` (a newer schema needs a newer release)"
+                )
+            absent = self.store.schema_missing()
+            if absent:
+                return (
+                    f"the database schema lacks {', '.join(absent)} (dropped or altered by hand): this replica "
+                    "cannot work; see `correlation-worker migrate`"
                 )
             missing = self.store.privileges_missing()
             if missing:

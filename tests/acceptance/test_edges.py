@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
-from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, cli, wait_until, worker_env
+from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, cli, run_cli, wait_until, worker_env
 from sqlalchemy.engine import make_url
 
 import worker
@@ -405,3 +405,26 @@ def test_outputs_are_json_when_piped_and_tables_when_asked(pg_db: Database) -> N
     shown = cli(pg_db, "messages", "show", "m-1", "-o", "table").stdout
     assert re.search(r"^message_name\s+order\.paid$", shown, re.MULTILINE)
     assert json.loads(cli(pg_db, "messages", "list", "-o", "json").stdout)[0]["message_id"] == "m-1"
+
+
+# -- a schema changed by hand ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ("DROP TABLE correlation_message", "table correlation_message"),
+        ("DROP TABLE correlation_session_end", "table correlation_session_end"),
+        ("ALTER TABLE correlation_audit DROP COLUMN error", "column correlation_audit.error"),
+    ],
+)
+def test_a_schema_missing_tables_or_columns_is_named_by_migrate_run_and_the_commands(
+    any_db: Database, change: str, named: str
+) -> None:
+    assert "schema is current" in run_cli(any_db, "migrate").stdout
+    any_db.execute(change)
+    for result in (cli(any_db, "migrate"), run_to_exit(any_db), run_to_exit(any_db, database__auto_migrate="true"),
+                   cli(any_db, "status")):
+        line = startup_error(result)
+        assert named in line and "lacks" in line, line
+    assert "schema is current" not in cli(any_db, "migrate").stdout

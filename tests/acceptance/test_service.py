@@ -643,3 +643,22 @@ def test_with_a_token_the_replica_serves_the_console_beside_the_metrics(
     assert http_get(base + "/api/v1/status")[0] == 401
     assert http_get(base + "/metrics")[0] == 200
     assert token not in process.log()
+
+
+def test_readiness_turns_red_naming_a_table_dropped_under_a_running_worker(
+    any_db: Database, start_worker: StartWorker
+) -> None:
+    process = start_worker(any_db, correlators=json.dumps({"*": "log"}), poll__interval="PT0.2S")
+    base = endpoint(process)
+    assert http_get(base + "/readyz") == (200, "ready\n")
+    any_db.execute("DROP TABLE correlation_message")
+
+    def not_ready() -> tuple[int, str] | None:
+        probe = http_get(base + "/readyz")
+        return probe if probe[0] != 200 else None
+
+    answer = wait_until(not_ready, what="/readyz to turn red", workers=[process])
+    assert answer is not None
+    status, reason = answer
+    assert status == 503
+    assert len(lines(reason)) == 1 and "lacks table correlation_message" in reason, reason

@@ -17,7 +17,8 @@ a constraint refused a row          :class:`MessageRejected`      the producer's
 a value the column cannot hold      :class:`ValueRefused`         the operation fails with one line
 ==================================  ===========================  ==========================================
 
-A schema migrated by a newer release is :class:`SchemaTooNew` (raised by the schema module, not translated).
+A schema migrated by a newer release is :class:`SchemaTooNew` (raised by the schema module, not translated); one
+that lacks tables or columns its revision has is :class:`SchemaIncomplete` (raised by the store's schema check).
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class ValueRefused(StoreError):
 
 class SchemaTooNew(StoreError):
     """The database schema was migrated by a newer release than this one."""
+
+
+class SchemaIncomplete(StoreError):
+    """The database records the newest revision but lacks tables or columns of it (dropped or altered by hand)."""
 
 
 _CONSTRAINT = re.compile(r'constraint "?([a-z_0-9]+)"?', re.IGNORECASE)
