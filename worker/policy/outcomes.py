@@ -226,7 +226,11 @@ def resolve(
             message.id, Kind.DEAD, min(message.attempt + 1, COUNTER_MAX), None, message.reschedule_count, reason
         )
     time_to_live = message.time_to_live if message.time_to_live is not None else policy.time_to_live
-    if time_to_live is not None and now < _due(message.created_at, time_to_live):
+    # The buffer window starts at created_at, which a producer may write: one in the future (a wrong clock, a typo)
+    # would buffer every failure unrecorded for as long as it likes. Such a row gets no buffer: its failures are
+    # counted and shown like any other's.
+    future = message.created_at > now
+    if time_to_live is not None and not future and now < _due(message.created_at, time_to_live):
         return Disposition(
             message.id,
             Kind.BUFFER,
@@ -238,6 +242,11 @@ def resolve(
     failures = min(message.attempt + 1, COUNTER_MAX)
     if policy.max_retries is not None and failures >= policy.max_retries:
         return Disposition(message.id, Kind.DEAD, failures, None, message.reschedule_count, reason)
+    if future and time_to_live is not None:
+        reason = storable_text(
+            f"not buffered by the time-to-live: created_at {message.created_at.isoformat()} is after the database "
+            f"clock {now.isoformat()}; {reason}"
+        )
     delay = retry_delay(
         failures,
         unit=policy.backoff_unit,
