@@ -189,6 +189,11 @@ def _delay(value: object, default: timedelta) -> tuple[timedelta, str | None]:
     return timedelta(seconds=seconds), None
 
 
+# How far created_at may be ahead of ``now`` and still be trusted for the time-to-live buffer: the engine's ``now`` is
+# the database clock estimated between readings, and a row inserted a moment ago may look a hair ahead of it.
+CREATED_AT_SLACK = timedelta(seconds=1)
+
+
 def _due(now: datetime, delay: timedelta) -> datetime:
     """``now + delay``, never past the latest time the schema stores (and never overflowing)."""
     try:
@@ -229,7 +234,7 @@ def resolve(
     # The buffer window starts at created_at, which a producer may write: one in the future (a wrong clock, a typo)
     # would buffer every failure unrecorded for as long as it likes. Such a row gets no buffer: its failures are
     # counted and shown like any other's.
-    future = message.created_at > now
+    future = message.created_at > now + CREATED_AT_SLACK
     if time_to_live is not None and not future and now < _due(message.created_at, time_to_live):
         return Disposition(
             message.id,
