@@ -31,6 +31,7 @@ from worker.admin import schedules as admin_schedules
 from worker.admin.auth import Caller
 from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
+from worker.db.base import sqlite_file
 from worker.db.schema import check_revision_known
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import Message, MessageState
@@ -100,6 +101,12 @@ def _settings() -> Settings:
 
 def _with_store(action: Callable[[Store], Any]) -> Any:
     settings = _settings()
+    missing_file = sqlite_file(settings.database.url)
+    if missing_file is not None and not missing_file.exists():  # opening it would create an empty one
+        _fail(
+            f"the SQLite database file {missing_file} does not exist: run `correlation-worker migrate` first "
+            "(it creates it), or fix CORRELATION_DATABASE__URL"
+        )
     store = Store.from_settings(settings.database)
     try:
         revision = store.schema_revision()

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -428,3 +429,16 @@ def test_a_schema_missing_tables_or_columns_is_named_by_migrate_run_and_the_comm
         line = startup_error(result)
         assert named in line and "lacks" in line, line
     assert "schema is current" not in cli(any_db, "migrate").stdout
+
+
+@pytest.mark.parametrize("arguments", [("send", "order.paid", "order-1"), ("status",), ("messages", "list"),
+                                       ("schedules", "list")])
+def test_commands_on_a_missing_sqlite_file_say_so_without_creating_it(
+    sqlite_db: Database, tmp_path: Path, arguments: tuple[str, ...]
+) -> None:
+    missing = tmp_path / "elsewhere" / "nothing-here.db"
+    missing.parent.mkdir()
+    result = cli(sqlite_db, *arguments, database__url=f"sqlite:///{missing}")
+    line = startup_error(result)
+    assert str(missing) in line and "does not exist" in line and "migrate" in line, line
+    assert list(missing.parent.iterdir()) == []  # no empty file (nor a -wal or -shm) left behind

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, text
@@ -141,6 +142,17 @@ def normalise_url(url: str) -> str:
     if parsed.get_backend_name() in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a file-backed SQLite URL; None for PostgreSQL and for an in-memory or URI-style SQLite URL."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or parsed.query.get("uri"):
+        return None
+    return Path(database)
 
 
 def _milliseconds(duration: timedelta) -> int:
