@@ -442,3 +442,25 @@ def test_commands_on_a_missing_sqlite_file_say_so_without_creating_it(
     line = startup_error(result)
     assert str(missing) in line and "does not exist" in line and "migrate" in line, line
     assert list(missing.parent.iterdir()) == []  # no empty file (nor a -wal or -shm) left behind
+
+
+def test_a_worker_whose_sqlite_file_is_deleted_says_so_once_and_exits_to_be_restarted(
+    sqlite_db: Database, tmp_path: Path
+) -> None:
+    worker = WorkerProcess(worker_env(sqlite_db, correlators=json.dumps({"*": "log"})), tmp_path / "w.log", tmp_path)
+    try:
+        worker.wait_ready()
+        first = sqlite_db.insert("order.paid", "order-1", {})
+        wait_until(lambda: sqlite_db.gone(first), what="a message correlated", workers=[worker])
+        path = Path(make_url(sqlite_db.url).database or "")
+        for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            leftover.unlink(missing_ok=True)
+        wait_until(lambda: not worker.running(), what="the worker to exit")
+        assert worker.returncode() == 1
+    finally:
+        if worker.running():
+            worker.kill()
+    log = worker.log()
+    assert "Traceback" not in log
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and str(path) in errors[0] and "deleted or replaced" in errors[0], errors
