@@ -405,3 +405,19 @@ def test_schedule_errors_have_their_status(client: TestClient) -> None:
     post(client, "/api/v1/schedules/nightly/fire", {}, READ, status=403)
     post(client, "/api/v1/scheduler/disable", {}, READ, status=403)
     assert get(client, "/api/v1/schedules", READ)["schedules"][0]["name"] == "nightly"
+
+
+def test_a_message_with_an_id_forced_past_the_sequence_is_shown_as_the_blocker_and_why(
+    client: TestClient, store: Store
+) -> None:
+    first = add(store, "order-9")
+    with store.engine.begin() as connection:
+        forced = connection.execute(text(
+            "INSERT INTO correlation_message (id, message_name, correlation_hint, payload)"
+            " OVERRIDING SYSTEM VALUE VALUES (1000000, 'order.paid', 'order-9', '{}') RETURNING id"
+        )).scalar_one()
+    shown = get(client, "/api/v1/hints/order-9")
+    assert shown["blocker"]["id"] == forced
+    assert "past the id sequence's last value" in shown["blocker"]["reason"], shown["blocker"]
+    assert [(i["id"], i["blocker"]) for i in shown["items"]] == [(first, False), (forced, True)]
+    assert shown["items"][0]["note"] == "eligible"
