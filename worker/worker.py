@@ -205,6 +205,11 @@ class Worker:
                     f"the database schema is at revision {revision}, this version needs {head_revision()}: "
                     "run `correlation-worker migrate` (a newer schema needs a newer release)"
                 )
+            if self.store.database_read_only():
+                return (
+                    "the database is read-only (a standby, or default_transaction_read_only is on): this replica "
+                    "cannot record outcomes; point CORRELATION_DATABASE__URL at the primary"
+                )
             absent = self.store.schema_missing()
             if absent:
                 return (

@@ -267,6 +267,14 @@ class StoreBase:
         """Raise DatabaseUnavailable unless the database answers."""
         self._run(lambda c: c.execute(text("SELECT 1")))
 
+    def database_read_only(self) -> bool:
+        """True when this replica's sessions cannot write: a standby (in recovery) or read-only by default
+        (PostgreSQL; False on SQLite, whose read-only file fails its writes with a reason of its own)."""
+        if self.dialect != "postgresql":
+            return False
+        statement = text("SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'")
+        return bool(self._run(lambda c: c.execute(statement).scalar_one()))
+
     def schema_revision(self) -> str | None:
         """The schema revision of the database (None: never migrated)."""
         return self._run(current_revision)
