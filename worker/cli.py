@@ -31,6 +31,7 @@ from worker.admin import schedules as admin_schedules
 from worker.admin.auth import Caller
 from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
+from worker.db.base import sqlite_file
 from worker.db.schema import check_revision_known
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import Message, MessageState
@@ -100,12 +101,19 @@ def _settings() -> Settings:
 
 def _with_store(action: Callable[[Store], Any]) -> Any:
     settings = _settings()
+    missing_file = sqlite_file(settings.database.url)
+    if missing_file is not None and not missing_file.exists():  # opening it would create an empty one
+        _fail(
+            f"the SQLite database file {missing_file} does not exist: run `correlation-worker migrate` first "
+            "(it creates it), or fix CORRELATION_DATABASE__URL"
+        )
     store = Store.from_settings(settings.database)
     try:
         revision = store.schema_revision()
         if revision is None:
             _fail("the database has no correlation-worker schema yet: run `correlation-worker migrate` first")
         check_revision_known(revision)
+        store.schema_check_complete()
         return action(store)
     except (StoreError, admin.AdminError) as error:
         _fail(str(error))
@@ -263,6 +271,7 @@ def migrate() -> None:
     store = Store.from_settings(settings.database)
     try:
         before, after = store.schema_migrate()
+        store.schema_check_complete()  # a revision recorded as current may name tables dropped since
     except StoreError as error:
         _fail(str(error))
     finally:

@@ -13,15 +13,17 @@ import signal
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from types import FrameType
 
 from worker.admin.console import Console
 from worker.admin.routes import console_routes
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
+from worker.db.base import sqlite_file
 from worker.db.listener import Listener
 from worker.db.schema import check_revision_known, head_revision
-from worker.db.store import DatabaseUnavailable, Store, StoreError
+from worker.db.store import DatabaseUnavailable, SchemaIncomplete, Store, StoreError
 from worker.engine.cleanup import Cleanup
 from worker.engine.engine import Engine
 from worker.engine.gauges import Gauges
@@ -51,6 +53,15 @@ def singleton_lease(interval: timedelta) -> timedelta:
     return max(2 * interval + timedelta(seconds=10), timedelta(seconds=30))
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of a file, or None when there is none at the path."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 class StartupError(Exception):
     """The worker cannot start; the message says why and what to do."""
 
@@ -77,6 +88,10 @@ class Worker:
         self.router = Router.from_settings(settings.correlators)
         self.heartbeat = Heartbeat()
         self.stopping = threading.Event()
+        # SQLite: the file this replica opened, by identity; deleted or replaced under it, the replica exits.
+        self.sqlite_path = sqlite_file(settings.database.url)
+        self._sqlite_identity: tuple[int, int] | None = None
+        self.exit_code = 0
         # Slots are leased, fenced, on PostgreSQL (64 of them) and on SQLite (one: a second process on the same
         # file waits instead of correlating the same hints).
         self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
@@ -144,6 +159,7 @@ class Worker:
             return
         head = head_revision()
         if revision == head:
+            self._check_schema_complete()
             return
         check_revision_known(revision)  # a newer release's schema: one line saying so, not advice to migrate
         if not self.settings.database.auto_migrate:
@@ -153,9 +169,33 @@ class Worker:
             )
         before, after = self.store.schema_migrate()
         logger.info("schema migrated from %s to %s", before or "nothing", after)
+        self._check_schema_complete()
+
+    def _check_schema_complete(self) -> None:
+        try:
+            self.store.schema_check_complete()
+        except SchemaIncomplete as error:
+            raise StartupError(str(error)) from None
+
+    def sqlite_file_trouble(self) -> str | None:
+        """Why the SQLite file this replica opened is no longer the one at its path (deleted or replaced), or None.
+
+        The replica keeps the old file open and would never see what is written to a new one at the path.
+        """
+        if self.sqlite_path is None or self._sqlite_identity is None:
+            return None
+        if _file_identity(self.sqlite_path) == self._sqlite_identity:
+            return None
+        return (
+            f"the SQLite database file {self.sqlite_path} was deleted or replaced while this replica ran: it cannot "
+            "see what is written to the file now at that path; exiting (exit code 1) so that it is started again"
+        )
 
     def readiness(self) -> str | None:
         """None when ready; otherwise why not (for /readyz)."""
+        trouble = self.sqlite_file_trouble()
+        if trouble is not None:
+            return trouble
         try:
             revision = self.store.schema_revision()
             if revision is None:
@@ -164,6 +204,17 @@ class Worker:
                 return (
                     f"the database schema is at revision {revision}, this version needs {head_revision()}: "
                     "run `correlation-worker migrate` (a newer schema needs a newer release)"
+                )
+            if self.store.database_read_only():
+                return (
+                    "the database is read-only (a standby, or default_transaction_read_only is on): this replica "
+                    "cannot record outcomes; point CORRELATION_DATABASE__URL at the primary"
+                )
+            absent = self.store.schema_missing()
+            if absent:
+                return (
+                    f"the database schema lacks {', '.join(absent)} (dropped or altered by hand): this replica "
+                    "cannot work; see `correlation-worker migrate`"
                 )
             missing = self.store.privileges_missing()
             if missing:
@@ -220,6 +271,8 @@ class Worker:
         if self.stopping.is_set():
             self._close_endpoint()
             return 0
+        if self.sqlite_path is not None:
+            self._sqlite_identity = _file_identity(self.sqlite_path)
         logger.info(
             "replica %s polling %s every %s (%d slots), routes %s",
             self.replica_id,
@@ -263,6 +316,11 @@ class Worker:
                 self.engine.start()
             while not self.stopping.is_set():  # the engine's fetch loop ticks the heartbeat meanwhile
                 self.stopping.wait(HEARTBEAT_SLICE)
+                trouble = self.sqlite_file_trouble()
+                if trouble is not None and not self.stopping.is_set():
+                    logger.error("%s", trouble)
+                    self.exit_code = 1
+                    self.stop()
         finally:
             # Stopped: no new call; running ones get the grace, then are given up on; outcomes are written.
             self.engine.stop(self.settings.shutdown.grace.total_seconds())
@@ -278,7 +336,7 @@ class Worker:
             self._close_endpoint()
             self.store.close()
             logger.info("replica %s stopped", self.replica_id)
-        return 0
+        return self.exit_code
 
     def _close_endpoint(self) -> None:
         if self.endpoint is not None:

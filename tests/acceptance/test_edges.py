@@ -13,11 +13,12 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
-from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, cli, wait_until, worker_env
+from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, cli, run_cli, wait_until, worker_env
 from sqlalchemy.engine import make_url
 
 import worker
@@ -453,3 +454,61 @@ def test_messages_list_takes_the_states_status_reports(pg_db: Database) -> None:
         listed = cli(pg_db, "messages", "list", "--state", state)
         assert listed.returncode == 0, listed.stderr
         assert [row["correlation_hint"] for row in json.loads(listed.stdout)] == [hint]
+
+
+# -- a schema changed by hand ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ("DROP TABLE correlation_message", "table correlation_message"),
+        ("DROP TABLE correlation_session_end", "table correlation_session_end"),
+        ("ALTER TABLE correlation_audit DROP COLUMN error", "column correlation_audit.error"),
+    ],
+)
+def test_a_schema_missing_tables_or_columns_is_named_by_migrate_run_and_the_commands(
+    any_db: Database, change: str, named: str
+) -> None:
+    assert "schema is current" in run_cli(any_db, "migrate").stdout
+    any_db.execute(change)
+    for result in (cli(any_db, "migrate"), run_to_exit(any_db), run_to_exit(any_db, database__auto_migrate="true"),
+                   cli(any_db, "status")):
+        line = startup_error(result)
+        assert named in line and "lacks" in line, line
+    assert "schema is current" not in cli(any_db, "migrate").stdout
+
+
+@pytest.mark.parametrize("arguments", [("send", "order.paid", "order-1"), ("status",), ("messages", "list"),
+                                       ("schedules", "list")])
+def test_commands_on_a_missing_sqlite_file_say_so_without_creating_it(
+    sqlite_db: Database, tmp_path: Path, arguments: tuple[str, ...]
+) -> None:
+    missing = tmp_path / "elsewhere" / "nothing-here.db"
+    missing.parent.mkdir()
+    result = cli(sqlite_db, *arguments, database__url=f"sqlite:///{missing}")
+    line = startup_error(result)
+    assert str(missing) in line and "does not exist" in line and "migrate" in line, line
+    assert list(missing.parent.iterdir()) == []  # no empty file (nor a -wal or -shm) left behind
+
+
+def test_a_worker_whose_sqlite_file_is_deleted_says_so_once_and_exits_to_be_restarted(
+    sqlite_db: Database, tmp_path: Path
+) -> None:
+    worker = WorkerProcess(worker_env(sqlite_db, correlators=json.dumps({"*": "log"})), tmp_path / "w.log", tmp_path)
+    try:
+        worker.wait_ready()
+        first = sqlite_db.insert("order.paid", "order-1", {})
+        wait_until(lambda: sqlite_db.gone(first), what="a message correlated", workers=[worker])
+        path = Path(make_url(sqlite_db.url).database or "")
+        for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            leftover.unlink(missing_ok=True)
+        wait_until(lambda: not worker.running(), what="the worker to exit")
+        assert worker.returncode() == 1
+    finally:
+        if worker.running():
+            worker.kill()
+    log = worker.log()
+    assert "Traceback" not in log
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and str(path) in errors[0] and "deleted or replaced" in errors[0], errors

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from harness import Database, StartReplicas, WorkerProcess, run_cli, wait_until
+from harness import Database, PostgresDatabase, StartReplicas, StartWorker, WorkerProcess, run_cli, wait_until
 from schedule_handlers import RELEASE_TABLE_DDL
 
 SETTINGS = {
@@ -207,3 +207,57 @@ def test_a_singleton_skips_while_its_message_is_held_and_a_switched_off_schedule
     pg_db.execute("UPDATE correlation_scheduler SET enabled = true")  # as SQL may do it, too
     wait_until(lambda: schedule_row(pg_db, "held")["fire_count"] > before["fire_count"], what="firing again",
                workers=replicas)
+
+
+def test_a_schedule_whose_message_the_database_refuses_is_marked_with_why_and_the_others_keep_firing(
+    any_db: Database, start_worker: StartWorker
+) -> None:
+    worker = start_worker(any_db, **SETTINGS)
+    mark = "%s" if isinstance(any_db, PostgresDatabase) else "?"
+    too_large = json.dumps({"blob": "x" * (1024 * 1024 + 1)})  # over the message table's 1 MiB payload limit
+    # Inserted with SQL (the schedule table has no payload limit); named to come first in every run.
+    any_db.execute(
+        f"INSERT INTO correlation_schedule (name, cron, message_name, payload, singleton)"
+        f" VALUES ({mark}, {mark}, {mark}, {mark}, false)",
+        ("aaa-too-large", "* * * * * ?", "tick", too_large),
+    )
+    any_db.execute(
+        f"INSERT INTO correlation_schedule (name, cron, message_name, payload, singleton)"
+        f" VALUES ({mark}, {mark}, {mark}, {mark}, false)",
+        ("tick", "* * * * * ?", "tick", KEPT),
+    )
+
+    def reason() -> str | None:
+        rows = any_db.execute(
+            f"SELECT invalid_reason FROM correlation_schedule WHERE name = {mark}", ("aaa-too-large",)
+        )
+        return rows[0]["invalid_reason"] if rows else None
+
+    wait_until(lambda: reason() is not None, what="the refused schedule marked", workers=[worker])
+    assert "correlation_message_payload_at_most_1_mib" in (reason() or "")
+
+    def tick_times() -> list[str]:
+        rows = any_db.execute(
+            f"SELECT message_id FROM correlation_message WHERE message_id LIKE {mark} ORDER BY message_id",
+            ("schedule:tick:%",),
+        )
+        return [row["message_id"] for row in rows]
+
+    wait_until(lambda: len(tick_times()) >= 5, what="five fires of the other schedule", workers=[worker])
+    times = [datetime.strptime(m.removeprefix("schedule:tick:"), "%Y-%m-%dT%H:%M:%SZ") for m in tick_times()]
+    assert times == [times[0] + n * SECOND for n in range(len(times))], "one message per second, none missing"
+    assert any_db.execute(f"SELECT misfire_count FROM correlation_schedule WHERE name = {mark}", ("tick",)) == [
+        {"misfire_count": 0}
+    ]
+    assert any_db.execute(f"SELECT count(*) AS n FROM correlation_message WHERE message_id LIKE {mark}",
+                          ("schedule:aaa-too-large:%",)) == [{"n": 0}]
+    log = worker.log()
+    assert "Traceback" not in log
+    assert log.count("schedule aaa-too-large cannot fire") == 1, log[-3000:]
+
+    # Once the row is edited, it is tried again: with a payload that fits, it fires.
+    any_db.execute(f"UPDATE correlation_schedule SET payload = {mark} WHERE name = {mark}", (KEPT, "aaa-too-large"))
+    wait_until(lambda: any_db.execute(f"SELECT count(*) AS n FROM correlation_message WHERE message_id LIKE {mark}",
+                                      ("schedule:aaa-too-large:%",))[0]["n"] > 0,
+               what="the edited schedule firing", workers=[worker])
+    assert reason() is None

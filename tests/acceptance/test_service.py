@@ -643,3 +643,59 @@ def test_with_a_token_the_replica_serves_the_console_beside_the_metrics(
     assert http_get(base + "/api/v1/status")[0] == 401
     assert http_get(base + "/metrics")[0] == 200
     assert token not in process.log()
+
+
+def test_readiness_turns_red_naming_a_table_dropped_under_a_running_worker(
+    any_db: Database, start_worker: StartWorker
+) -> None:
+    process = start_worker(any_db, correlators=json.dumps({"*": "log"}), poll__interval="PT0.2S")
+    base = endpoint(process)
+    assert http_get(base + "/readyz") == (200, "ready\n")
+    any_db.execute("DROP TABLE correlation_message")
+
+    def not_ready() -> tuple[int, str] | None:
+        probe = http_get(base + "/readyz")
+        return probe if probe[0] != 200 else None
+
+    answer = wait_until(not_ready, what="/readyz to turn red", workers=[process])
+    assert answer is not None
+    status, reason = answer
+    assert status == 503
+    assert len(lines(reason)) == 1 and "lacks table correlation_message" in reason, reason
+
+
+def test_a_read_only_database_makes_the_replica_not_ready_and_its_failed_writes_counted(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    process = start_worker(pg_db, correlators=json.dumps({"*": "log"}), poll__interval="PT0.2S",
+                           lease__renew_interval="PT0.5S")
+    base = endpoint(process)
+    first = pg_db.insert("order.paid", "order-1", {})
+    wait_until(lambda: pg_db.gone(first), what="a message correlated", workers=[process])
+    name = pg_db.execute("SELECT current_database() AS name")[0]["name"]
+    others = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+
+    # A failover onto a standby, as the replica sees it: its new sessions cannot write.
+    pg_db.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    pg_db.execute(others, (name,))
+
+    def not_ready() -> tuple[int, str] | None:
+        probe = http_get(base + "/readyz")
+        return probe if probe[0] != 200 else None
+
+    answer = wait_until(not_ready, what="/readyz to turn red", workers=[process])
+    assert answer is not None and answer[0] == 503
+    assert len(lines(answer[1])) == 1 and "read-only" in answer[1], answer
+    wait_until(
+        lambda: value(scrape(base), "correlation_database_errors_total", kind="read_only") >= 1,
+        what="failed writes counted as read_only",
+        workers=[process],
+    )
+    assert process.running()
+
+    pg_db.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+    pg_db.execute(others, (name,))
+    wait_until(lambda: http_get(base + "/readyz") == (200, "ready\n"), what="/readyz green again", workers=[process])
+    later = pg_db.insert("order.paid", "order-2", {})
+    wait_until(lambda: pg_db.gone(later), what="a message correlated after the failover", workers=[process])
+    assert "Traceback" not in process.log()

@@ -454,3 +454,19 @@ def test_the_listing_filters_on_every_state_the_status_reports(client: TestClien
     assert listed["paused"] == [paused] and listed["dead"] == [dead]
     assert ready in listed["ready"]
     assert get(client, "/api/v1/messages", state="waiting", hint="r")["items"] == []
+
+
+def test_a_message_with_an_id_forced_past_the_sequence_is_shown_as_the_blocker_and_why(
+    client: TestClient, store: Store
+) -> None:
+    first = add(store, "order-9")
+    with store.engine.begin() as connection:
+        forced = connection.execute(text(
+            "INSERT INTO correlation_message (id, message_name, correlation_hint, payload)"
+            " OVERRIDING SYSTEM VALUE VALUES (1000000, 'order.paid', 'order-9', '{}') RETURNING id"
+        )).scalar_one()
+    shown = get(client, "/api/v1/hints/order-9")
+    assert shown["blocker"]["id"] == forced
+    assert "past the id sequence's last value" in shown["blocker"]["reason"], shown["blocker"]
+    assert [(i["id"], i["blocker"]) for i in shown["items"]] == [(first, False), (forced, True)]
+    assert shown["items"][0]["note"] == "eligible"

@@ -78,3 +78,10 @@ def test_each_message_s_standing_relative_to_the_blocker() -> None:
         "held: the hint is paused by ops"
     )
     assert message_note(message(2, state=DEAD), None, T0) == "dead (mode all: it does not hold the hint back)"
+
+
+def test_a_ready_message_past_the_id_sequence_holds_its_hint_back_and_says_why() -> None:
+    rows = [(message(1), None), (message(50), None)]
+    held = hint_holdback("h", rows, Mode.FAIL_FIRST, T0, [], id_limit=10)
+    assert held is not None and held.message_id == 50 and "past the id sequence's last value 10" in held.reason
+    assert hint_holdback("h", rows, Mode.FAIL_FIRST, T0, [], id_limit=50) is None

@@ -156,3 +156,16 @@ def test_a_coroutine_from_an_async_handler_is_refused_and_closed() -> None:
     outcome = interpret_return(coroutine)
     assert isinstance(outcome, UnexpectedReturn) and "async" in str(outcome)
     assert coroutine.cr_frame is None  # closed: no "never awaited" warning
+
+
+def test_a_created_at_in_the_future_gets_no_buffer_its_failures_are_counted_and_shown() -> None:
+    row = message(1, created_at=T0 + timedelta(days=365), time_to_live=seconds(3600))
+    for n in range(1, 4):
+        d = resolve(row, RuntimeError("no process waiting"), EXAMPLE, T0 + seconds(n), POLL)
+        assert (d.kind, d.attempt) == (Kind.RETRY, n)
+        assert d.last_error is not None and "no process waiting" in d.last_error and "created_at" in d.last_error
+        row = message(1, created_at=row.created_at, time_to_live=row.time_to_live, attempt=d.attempt,
+                      last_error=d.last_error)
+    # Once the clock has passed created_at, the time-to-live buffers as for any row.
+    later = resolve(row, Retry(), EXAMPLE, row.created_at + seconds(1), POLL)
+    assert later.kind is Kind.BUFFER

@@ -195,8 +195,8 @@ def hint_view(store: Store, mode: Mode, hint: str, after: int = 0, limit: int = 
     pauses = store.pauses_list()
     infos = pause_infos(pauses)
     names = [pause.target for pause in pauses if pause.scope == "name"]
-    holders, now = store.hint_holders(hint, names)
-    holdback = hint_holdback(hint, [(row.message, row.pause_id) for row in holders], mode, now, infos)
+    holders, now, id_limit = store.hint_holders(hint, names)
+    holdback = hint_holdback(hint, [(row.message, row.pause_id) for row in holders], mode, now, infos, id_limit)
     page = store.console_messages(ConsoleFilter(MessageFilter(hint=hint)), after=after, limit=limit, scan=0)
     if not page.rows and after == 0:
         raise NotFound(f"no message with correlation_hint {hint!r}")

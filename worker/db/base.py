@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, text
@@ -143,6 +144,17 @@ def normalise_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a file-backed SQLite URL; None for PostgreSQL and for an in-memory or URI-style SQLite URL."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or parsed.query.get("uri"):
+        return None
+    return Path(database)
+
+
 def _milliseconds(duration: timedelta) -> int:
     return max(1, int(duration.total_seconds() * 1000))
 
@@ -254,6 +266,14 @@ class StoreBase:
     def ping(self) -> None:
         """Raise DatabaseUnavailable unless the database answers."""
         self._run(lambda c: c.execute(text("SELECT 1")))
+
+    def database_read_only(self) -> bool:
+        """True when this replica's sessions cannot write: a standby (in recovery) or read-only by default
+        (PostgreSQL; False on SQLite, whose read-only file fails its writes with a reason of its own)."""
+        if self.dialect != "postgresql":
+            return False
+        statement = text("SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'")
+        return bool(self._run(lambda c: c.execute(statement).scalar_one()))
 
     def schema_revision(self) -> str | None:
         """The schema revision of the database (None: never migrated)."""

@@ -326,19 +326,22 @@ class ConsoleStatements(MessageStatements, FetchStatements):
         row = self._run(lambda c: c.execute(select(message_table).where(m.message_id == message_id)).first())
         return None if row is None else _listed(row)
 
-    def hint_holders(self, hint: str, paused_names: Sequence[str]) -> tuple[list[Listed], datetime]:
-        """The unexpired messages of a hint that may hold it back, and the database clock: its first paused,
-        first waiting and first dead message, and its first ready message of a paused name (one index probe
-        each)."""
+    def hint_holders(self, hint: str, paused_names: Sequence[str]) -> tuple[list[Listed], datetime, int | None]:
+        """The unexpired messages of a hint that may hold it back, the database clock and (PostgreSQL) the id
+        sequence's last value: its first paused, first waiting and first dead message, its first ready message of
+        a paused name and its first ready message past the sequence (one index probe each)."""
 
-        def work(connection: Connection) -> tuple[list[Listed], datetime]:
+        def work(connection: Connection) -> tuple[list[Listed], datetime, int | None]:
             now = self._now(connection)
+            id_limit = self._horizon(connection).last_id if self.dialect == "postgresql" else None
             base = [m.correlation_hint == hint, _unexpired(now)]
             probes = [
                 [m.state == MessageState.PAUSED.value],
                 [m.state == MessageState.READY.value, m.next_attempt_at > now],
                 [m.state == MessageState.DEAD.value],
             ]
+            if id_limit is not None:
+                probes.append([m.state == MessageState.READY.value, m.id > id_limit])
             if paused_names:
                 probes.append([m.state == MessageState.READY.value, m.message_name.in_(list(paused_names))])
             found: dict[int, Listed] = {}
@@ -346,7 +349,7 @@ class ConsoleStatements(MessageStatements, FetchStatements):
                 row = connection.execute(select(message_table).where(*base, *probe).order_by(m.id).limit(1)).first()
                 if row is not None:
                     found[row.id] = _listed(row)
-            return [found[key] for key in sorted(found)], now
+            return [found[key] for key in sorted(found)], now, id_limit
 
         return self._run(work)
 

@@ -15,9 +15,12 @@ unknown database, no pg_hba entry
 insufficient privilege (42501)      :class:`PermissionDenied`     the operation fails with one line
 a constraint refused a row          :class:`MessageRejected`      the producer's insert fails, naming it
 a value the column cannot hold      :class:`ValueRefused`         the operation fails with one line
+a read-only database (25006)        :class:`DatabaseReadOnly`     not ready; the operation fails, counted
+a table or column gone (42P01)      :class:`SchemaIncomplete`     not ready; the operation fails, counted
 ==================================  ===========================  ==========================================
 
-A schema migrated by a newer release is :class:`SchemaTooNew` (raised by the schema module, not translated).
+A schema migrated by a newer release is :class:`SchemaTooNew` (raised by the schema module, not translated); one
+that lacks tables or columns its revision has is :class:`SchemaIncomplete` (raised by the store's schema check).
 """
 
 from __future__ import annotations
@@ -75,8 +78,16 @@ class ValueRefused(StoreError):
     """The database refused a value its column cannot hold (e.g. a NUL character in JSON)."""
 
 
+class DatabaseReadOnly(StoreError):
+    """The database refused a write because it is read-only (a standby after a failover, or read-only set on it)."""
+
+
 class SchemaTooNew(StoreError):
     """The database schema was migrated by a newer release than this one."""
+
+
+class SchemaIncomplete(StoreError):
+    """The database records the newest revision but lacks tables or columns of it (dropped or altered by hand)."""
 
 
 _CONSTRAINT = re.compile(r'constraint "?([a-z_0-9]+)"?', re.IGNORECASE)
@@ -167,6 +178,16 @@ def translate(error: DBAPIError) -> StoreError | None:
     state = _sqlstate(error)
     if state in _BUSY_STATES:
         return DatabaseBusy(f"database busy ({_BUSY_STATES[state]}): {first_line(error)}")
+    if state == "25006" or "readonly database" in first_line(error):
+        return DatabaseReadOnly(
+            f"the database is read-only: {first_line(error)}; point {URL_SETTING} at the primary (a failover may "
+            "have left this replica on a standby)"
+        )
+    if state in ("42P01", "42703") or first_line(error).startswith(("no such table", "no such column")):
+        return SchemaIncomplete(
+            f"the database schema lacks a table or column the worker uses: {first_line(error)}; see "
+            "`correlation-worker migrate`"
+        )
     if "database is locked" in first_line(error):  # SQLite: another process held the file past busy_timeout
         return DatabaseBusy(f"database busy: {first_line(error)}")
     if isinstance(error, OperationalError | InterfaceError):

@@ -12,7 +12,8 @@ plumbing, the clock and the translation of driver errors are in :mod:`worker.db.
 
 from __future__ import annotations
 
-from sqlalchemy.engine import Engine
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection, Engine
 
 from worker.config import DatabaseSettings
 from worker.db.base import Fence, LockRow, MessageFilter, NewMessage, StateCounts, build_engine, normalise_url
@@ -27,6 +28,7 @@ from worker.db.errors import (
     LeaseLost,
     MessageRejected,
     PermissionDenied,
+    SchemaIncomplete,
     SchemaTooNew,
     StoreError,
     ValueRefused,
@@ -35,7 +37,11 @@ from worker.db.fetch import FetchStatements
 from worker.db.locks import HOLDER_MAX_LENGTH, LockStatements
 from worker.db.messages import MessageStatements
 from worker.db.schedules import ScheduleStatements
-from worker.db.schema import SLOT_COUNT
+from worker.db.schedules import metadata as schedule_metadata
+from worker.db.schema import SLOT_COUNT, head_revision, metadata
+
+# Tables the statements name in SQL text rather than as Table objects, with the columns they use.
+_TEXT_TABLES = {"correlation_session_end": ("nonce_digest", "expires_at")}
 
 
 class Store(ConsoleStatements, MessageStatements, FetchStatements, CallStatements, LockStatements, ScheduleStatements):
@@ -54,6 +60,42 @@ class Store(ConsoleStatements, MessageStatements, FetchStatements, CallStatement
         """How many slots hints are spread over (one on SQLite: one process at a time works on the file)."""
         return SLOT_COUNT if self.dialect == "postgresql" else 1
 
+    def schema_missing(self) -> list[str]:
+        """The tables and columns of the schema this version uses that the database lacks (``table x``,
+        ``column x.y``); [] when all are there. A revision recorded as current says nothing about tables dropped or
+        altered by hand since; this looks at the tables themselves."""
+        expected: dict[str, tuple[str, ...]] = {
+            table.name: tuple(column.name for column in table.columns)
+            for table in (*metadata.tables.values(), *schedule_metadata.tables.values())
+        }
+        expected.update(_TEXT_TABLES)
+
+        def work(connection: Connection) -> list[str]:
+            inspector = inspect(connection)
+            present = set(inspector.get_table_names())
+            missing: list[str] = []
+            for table, columns in sorted(expected.items()):
+                if table not in present:
+                    missing.append(f"table {table}")
+                    continue
+                have = {column["name"] for column in inspector.get_columns(table)}
+                missing.extend(f"column {table}.{column}" for column in columns if column not in have)
+            return missing
+
+        return self._run(work)
+
+    def schema_check_complete(self) -> None:
+        """Raise :class:`SchemaIncomplete` naming what is missing when the database is at the newest revision but
+        lacks tables or columns of it."""
+        missing = self.schema_missing()
+        if missing and self.schema_revision() == head_revision():
+            raise SchemaIncomplete(
+                f"the database schema is recorded at revision {head_revision()} but lacks {', '.join(missing)} "
+                "(dropped or altered by hand): `correlation-worker migrate` does not recreate them; restore the "
+                "database from a backup, or drop every correlation_* table with correlation_schema_version and run "
+                "`correlation-worker migrate` on the empty database"
+            )
+
 
 __all__ = [
     "HOLDER_MAX_LENGTH",
@@ -69,6 +111,7 @@ __all__ = [
     "MessageRejected",
     "NewMessage",
     "PermissionDenied",
+    "SchemaIncomplete",
     "SchemaTooNew",
     "StateCounts",
     "Store",

@@ -47,7 +47,7 @@ from worker.config import Settings, format_duration
 from worker.correlators import Router
 from worker.db.base import Fence
 from worker.db.calls import LostCall
-from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost
+from worker.db.errors import LeaseLost, StoreError
 from worker.db.fetch import Candidates, HorizonReading, Pause
 from worker.db.rows import Unreadable
 from worker.db.store import Store
@@ -417,7 +417,7 @@ class Engine:
             with self._cond:
                 if self._slots.get(state.slot) is state:
                     del self._slots[state.slot]
-        except (DatabaseUnavailable, DatabaseBusy) as error:
+        except StoreError as error:  # unavailable, busy, read-only, a table gone: one line, counted by kind
             self._failed(state, error)
         except Exception as error:  # one slot's trouble must not hold up the others
             logger.exception("slot %s: fetch failed; trying again in %.1fs", state.slot, state.delay)
@@ -427,7 +427,7 @@ class Engine:
 
     def _failed(self, state: _Slot, error: Exception) -> None:
         self.metrics.fetch_errors.inc()
-        if isinstance(error, DatabaseUnavailable | DatabaseBusy):
+        if isinstance(error, StoreError):
             self.metrics.database_error(error)
             logger.warning("slot %s: fetch failed, trying again in %.1fs: %s", state.slot, state.delay, error)
         with self._cond:

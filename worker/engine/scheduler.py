@@ -5,6 +5,9 @@ transaction (:meth:`~worker.db.schedules.ScheduleStatements.schedules_snapshot`)
 
     disabled (or the scheduler off) ──> forget its planned fire time: nothing is caught up when it comes back
     invalid cron or zone ───────────> record why in invalid_reason (logged once), never fire it
+    its message refused ────────────> (the database refused a fire's message: too large, a broken constraint)
+                                      record why in invalid_reason (logged once); tried again only once the row
+                                      is edited (or by a restarted replica), never holding back the others
     not planned, or edited by SQL ──> next_fire_at = the first fire time after now (compare-and-set)
     next_fire_at <= now ────────────> plan the fire (on time, or a misfire: worker.policy.scheduling) and carry it
                                       out in one transaction that claims the due time by compare-and-set; a replica
@@ -17,14 +20,17 @@ early finds nothing due and sleeps again.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from worker.config import SchedulerSettings
+from worker.db.errors import MessageRejected, ValueRefused
 from worker.db.schedules import FireOutcome, Schedule
 from worker.db.store import DatabaseUnavailable, Store
 from worker.policy.cron import CronError, CronExpression, parse_schedulable
@@ -99,6 +105,15 @@ class SchedulerResult:
     next_due: datetime | None
 
 
+def _content(schedule: Schedule) -> tuple[Any, ...]:
+    """What a schedule's messages are made of: when any of it changes, a refused schedule is tried again."""
+    return (
+        schedule.cron, schedule.time_zone, schedule.message_name, schedule.correlation_hint,
+        json.dumps(schedule.payload, sort_keys=True, default=str),
+        json.dumps(dict(schedule.headers), sort_keys=True, default=str),
+    )
+
+
 class Scheduler:
     """Publishes due schedules' messages: :meth:`run_once` once, :meth:`run` until told to stop."""
 
@@ -108,6 +123,8 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self._compiled: dict[tuple[str, str], tuple[CronExpression, ZoneInfo] | str] = {}
         self._gauged: set[str] = set()
+        # Schedules whose message the database refused, by name: the row's content as it was then, and why.
+        self._refused: dict[str, tuple[tuple[Any, ...], str]] = {}
 
     # -- one run ----------------------------------------------------------------------------------------------
 
@@ -124,6 +141,7 @@ class Scheduler:
             self.metrics.schedules_invalid.set(0)
             return SchedulerResult(False, len(schedules), 0, 0, 0, 0, 0, now, None)
 
+        self._refused = {name: seen for name, seen in self._refused.items() if name in {s.name for s in schedules}}
         stale = [s.name for s in schedules if not s.enabled and (s.next_fire_at or s.planned_cron)]
         if stale:
             self.store.schedules_unplan(stale)
@@ -137,6 +155,12 @@ class Scheduler:
                 continue
             if not schedule.enabled:
                 continue
+            refused = self._refused.get(schedule.name)
+            if refused is not None and refused[0] == _content(schedule):
+                invalid += 1
+                self._report_invalid(schedule, refused[1])
+                continue
+            self._refused.pop(schedule.name, None)
             expression, zone = compiled
             if not schedule.planned or schedule.invalid_reason is not None:
                 planned = self._plan(schedule, expression, zone, now)
@@ -155,7 +179,15 @@ class Scheduler:
                     fire_all_limit=self.config.fire_all_limit,
                     chunk_limit=self.config.chunk_limit,
                 )
-                outcome = self.store.schedule_fire(schedule, plan, zone)
+                try:
+                    outcome = self.store.schedule_fire(schedule, plan, zone)
+                except (MessageRejected, ValueRefused) as error:
+                    # Nothing was written; the schedule waits for an edit instead of failing every run.
+                    reason = f"its message cannot be published: {error}"
+                    self._refused[schedule.name] = (_content(schedule), reason)
+                    invalid += 1
+                    self._report_invalid(schedule, reason)
+                    continue
                 if outcome.claimed:
                     self._report_fire(schedule, zone, outcome, plan.misfired)
                     self._report_nonexistent(schedule, plan.nonexistent)

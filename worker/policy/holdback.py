@@ -49,8 +49,13 @@ def why_held(
     now: datetime,
     pauses: Mapping[int, PauseInfo],
     paused_names: Mapping[str, PauseInfo],
+    id_limit: int | None = None,
 ) -> str | None:
-    """Why this message holds back its hint's later messages, or None if it does not."""
+    """Why this message holds back its hint's later messages, or None if it does not.
+
+    ``id_limit``: the id sequence's last value (PostgreSQL), past which the engine takes no message: an earlier
+    id may still commit, and ids are correlated in order.
+    """
     if message.is_expired(now):
         return None
     if message.state is MessageState.PAUSED:
@@ -64,6 +69,12 @@ def why_held(
         assert message.next_attempt_at is not None
         after = f" after {message.attempt} failed attempts" if message.attempt else ""
         return f"waiting until {message.next_attempt_at.isoformat(timespec='seconds')}{after}"
+    if message.state is MessageState.READY and id_limit is not None and message.id > id_limit:
+        return (
+            f"its id {message.id} is past the id sequence's last value {id_limit} (it was written with an explicit "
+            "id, e.g. OVERRIDING SYSTEM VALUE): it waits until the sequence passes it; delete it and insert it "
+            "again without an id to correlate it now"
+        )
     name_pause = paused_names.get(message.name)
     if name_pause is not None:
         return f"its name {message.name!r} is {_by(name_pause)}"
@@ -83,8 +94,9 @@ def hint_holdback(
     mode: Mode,
     now: datetime,
     pauses: Iterable[PauseInfo],
+    id_limit: int | None = None,
 ) -> Holdback | None:
-    """What holds the hint back now, or None when nothing does.
+    """What holds the hint back now, or None when nothing does (``id_limit``: see :func:`why_held`).
 
     ``candidates`` are the hint's messages that may hold it back (any order; more rows are fine): a durable
     pause of everything or of the hint comes first, then the lowest id for which :func:`why_held` has a reason.
@@ -99,7 +111,7 @@ def hint_holdback(
     by_id = {pause.id: pause for pause in known}
     names = {pause.target: pause for pause in known if pause.scope == "name"}
     for message, pause_id in sorted(candidates, key=lambda pair: pair[0].id):
-        reason = why_held(message, pause_id, mode, now, by_id, names)
+        reason = why_held(message, pause_id, mode, now, by_id, names, id_limit)
         if reason is not None:
             return Holdback(message.id, reason)
     return None

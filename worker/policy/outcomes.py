@@ -197,6 +197,11 @@ def _delay(value: object, default: timedelta) -> tuple[timedelta, str | None]:
     return timedelta(seconds=seconds), None
 
 
+# How far created_at may be ahead of ``now`` and still be trusted for the time-to-live buffer: the engine's ``now`` is
+# the database clock estimated between readings, and a row inserted a moment ago may look a hair ahead of it.
+CREATED_AT_SLACK = timedelta(seconds=1)
+
+
 def _due(now: datetime, delay: timedelta) -> datetime:
     """``now + delay``, never past the latest time the schema stores (and never overflowing)."""
     try:
@@ -237,7 +242,11 @@ def resolve(
     after, _note = _delay(getattr(error, "after", None), timedelta(0))
     after = min(after, policy.backoff_cap)
     time_to_live = message.time_to_live if message.time_to_live is not None else policy.time_to_live
-    if time_to_live is not None and now < _due(message.created_at, time_to_live):
+    # The buffer window starts at created_at, which a producer may write: one in the future (a wrong clock, a typo)
+    # would buffer every failure unrecorded for as long as it likes. Such a row gets no buffer: its failures are
+    # counted and shown like any other's.
+    future = message.created_at > now + CREATED_AT_SLACK
+    if time_to_live is not None and not future and now < _due(message.created_at, time_to_live):
         return Disposition(
             message.id,
             Kind.BUFFER,
@@ -249,6 +258,11 @@ def resolve(
     failures = min(message.attempt + 1, COUNTER_MAX)
     if policy.max_retries is not None and failures >= policy.max_retries:
         return Disposition(message.id, Kind.DEAD, failures, None, message.reschedule_count, reason)
+    if future and time_to_live is not None:
+        reason = storable_text(
+            f"not buffered by the time-to-live: created_at {message.created_at.isoformat()} is after the database "
+            f"clock {now.isoformat()}; {reason}"
+        )
     delay = retry_delay(
         failures,
         unit=policy.backoff_unit,

@@ -31,9 +31,16 @@ from prometheus_client import (
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from worker import __version__
-from worker.db.errors import DatabaseAccessDenied, DatabaseBusy, DatabaseUnavailable, PermissionDenied
+from worker.db.errors import (
+    DatabaseAccessDenied,
+    DatabaseBusy,
+    DatabaseReadOnly,
+    DatabaseUnavailable,
+    PermissionDenied,
+    SchemaIncomplete,
+)
 
-DATABASE_ERROR_KINDS = ("unavailable", "timeout", "refused", "other")
+DATABASE_ERROR_KINDS = ("unavailable", "timeout", "refused", "read_only", "schema", "other")
 
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 POLL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -226,7 +233,8 @@ class Metrics:
         self.database_errors = Counter(
             "correlation_database_errors",
             "Database operations that failed, by kind: unavailable (connection refused or lost), timeout (a lock "
-            "or statement timeout, a deadlock), refused (a login or privilege refused), other.",
+            "or statement timeout, a deadlock), refused (a login or privilege refused), read_only (a write refused by "
+            "a read-only database), schema (a table or column of the schema is gone), other.",
             ["kind"],
             registry=r,
         )
@@ -288,6 +296,10 @@ class Metrics:
             kind = "unavailable"
         elif isinstance(error, DatabaseAccessDenied | PermissionDenied):
             kind = "refused"
+        elif isinstance(error, DatabaseReadOnly):
+            kind = "read_only"
+        elif isinstance(error, SchemaIncomplete):
+            kind = "schema"
         else:
             kind = "other"
         self.database_errors.labels(kind).inc()
