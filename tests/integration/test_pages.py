@@ -136,3 +136,10 @@ def test_every_page_answers_for_a_logged_in_operator(client: TestClient, store: 
     assert client.get("/ui/messages?state=sleeping").status_code == 400
     assert client.get("/ui/messages/999999").status_code == 404
     assert client.get("/ui/schedules/missing").status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/ui/messages?name=a%00b", "/ui/hints/a%00b", "/ui/messages/shop%00-1"])
+def test_a_nul_in_a_pages_request_is_a_readable_400(client: TestClient, path: str) -> None:
+    log_in(client)
+    page = client.get(path)
+    assert page.status_code == 400 and "NUL character" in page.text

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import Caller
 from worker.admin.console import Console
-from worker.admin.errors import AdminError, BadRequest, Forbidden, MethodNotAllowed, NotFound
+from worker.admin.errors import AdminError, BadRequest, Forbidden, MethodNotAllowed, NotFound, refuse_nul
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable
 
@@ -86,6 +86,7 @@ def api_application(console: Console) -> Starlette:
                     403, f"the token {caller.name!r} may only read; this route needs CORRELATION_ADMIN__TOKEN"
                 )
             try:
+                refuse_nul(request.url.path, *(f"{k}={v}" for k, v in request.query_params.multi_items()))
                 data = await handler(request, caller)
             except AdminError as error:
                 allow = {"Allow": ", ".join(error.allow)} if isinstance(error, MethodNotAllowed) else None
@@ -177,7 +178,10 @@ def api_application(console: Console) -> Starlette:
 
     async def one_schedule(request: Request, _caller: Caller) -> Any:
         """GET /schedules/{name}: its status (next fire times, running, last error, counts)."""
-        return await run_in_threadpool(schedules.schedule_show, store, request.path_params["name"])
+        name = request.path_params["name"]
+        if name.endswith("/fire"):  # the fire action of a schedule, asked with the wrong method
+            raise MethodNotAllowed(f"firing a schedule is POST /api/v1/schedules/{name}", ["POST"])
+        return await run_in_threadpool(schedules.schedule_show, store, name)
 
     async def patch_schedule(request: Request, caller: Caller) -> Any:
         """PATCH /schedules/{name}: enable or disable it."""

@@ -51,3 +51,10 @@ class Conflict(AdminError):
     """The request clashes with what is there (a pause that already exists)."""
 
     status = 409
+
+
+def refuse_nul(*texts: str) -> None:
+    """A NUL character in a request's path or query: no stored text can hold one, so nothing could match it (and
+    the database would refuse the query with an error rather than an answer)."""
+    if any("\x00" in text for text in texts):
+        raise BadRequest("the request holds a NUL character (%00), which no stored text can contain")

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
 from worker.admin.auth import LOGIN_COOKIE, SESSION_COOKIE, Session
 from worker.admin.console import Console
-from worker.admin.errors import AdminError, BadRequest
+from worker.admin.errors import AdminError, BadRequest, refuse_nul
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable, MessageFilter
 
@@ -171,6 +171,7 @@ def pages_application(console: Console) -> Starlette:
                                   error=f"the token {session.caller.name!r} may only read; acting needs "
                                         "CORRELATION_ADMIN__TOKEN")
             try:
+                refuse_nul(request.url.path, *(f"{k}={v}" for k, v in request.query_params.multi_items()))
                 return await handler(request, session, form)
             except AdminError as error:
                 return render(request, "error.html", session, error.status, title="Not done", error=str(error))
