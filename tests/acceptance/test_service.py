@@ -241,6 +241,8 @@ def test_counters_and_histograms_move_as_messages_are_correlated(pg_db: Database
             value(samples, "correlation_messages_total", message_name="order.paid", outcome="success") >= 5
             and value(samples, "correlation_messages_total", message_name="order.refunded", outcome="retry") >= 3
             and value(samples, "correlation_call_duration_seconds_count") >= 8
+            # a hint's batch is observed when its work is over, just after its outcomes are counted
+            and value(samples, "correlation_batch_duration_seconds_count") >= 8
         )
 
     wait_until(counted, what="the outcomes to be counted", workers=[process])

@@ -116,24 +116,28 @@ def browser() -> Iterator[WebDriver]:
 
 def wait(driver: WebDriver, condition: Callable[[WebDriver], Any], what: str) -> Any:
     """Poll ``condition`` until it is truthy, failing with ``what`` after the deadline."""
-    # The overview's live refresh replaces its elements: one read between two refreshes may find it stale.
+    # The overview's live refresh replaces its elements, and a form posted or a redirect replaces the page: one
+    # read between the find and the use may meet an element of the old page. Selenium calls that stale; Chromium
+    # sometimes names it a node that "does not belong to the document". Either way the condition is read again.
+
+    def current(d: WebDriver) -> Any:
+        try:
+            return condition(d)
+        except WebDriverException as error:
+            if "does not belong to the document" in str(error):
+                raise StaleElementReferenceException(str(error)) from error
+            raise
+
     waiting = WebDriverWait(
         driver, DEADLINE, poll_frequency=0.05,
         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
     )
-    return waiting.until(condition, message=f"waited for {what}")
+    return waiting.until(current, message=f"waited for {what}")
 
 
 def text_of(driver: WebDriver, element_id: str) -> str:
     found = driver.find_elements(By.ID, element_id)
-    try:
-        return found[0].text if found else ""
-    except WebDriverException as error:
-        # A page replaced between finding the element and reading it (a form posted, a redirect): Chromium
-        # names this "does not belong to the document" rather than a stale element; it is the same thing.
-        if "does not belong to the document" in str(error):
-            raise StaleElementReferenceException(str(error)) from error
-        raise
+    return found[0].text if found else ""
 
 
 def shoot(driver: WebDriver, name: str) -> None:
