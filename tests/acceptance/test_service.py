@@ -312,6 +312,18 @@ def test_messages_by_state_reflects_the_table(pg_db: Database, start_worker: Sta
 # -- /healthz and /readyz ------------------------------------------------------------------------------------
 
 
+def readiness_turns_red(base: str, process: WorkerProcess) -> tuple[int, str]:
+    """The first /readyz answer that is not 200 (status, body), waited for."""
+
+    def not_ready() -> tuple[int, str] | None:
+        probe = http_get(base + "/readyz")
+        return probe if probe[0] != 200 else None
+
+    answer = wait_until(not_ready, what="/readyz to turn red", workers=[process])
+    assert answer is not None
+    return answer
+
+
 def test_readiness_follows_the_database_while_liveness_stays_green(
     private_pg: tuple[ThrowawayServer, str], start_worker: StartWorker
 ) -> None:
@@ -326,13 +338,7 @@ def test_readiness_follows_the_database_while_liveness_stays_green(
 
     server.stop("fast")
 
-    def not_ready() -> tuple[int, str] | None:
-        probe = http_get(base + "/readyz")
-        return probe if probe[0] != 200 else None
-
-    answer = wait_until(not_ready, what="/readyz to turn red", workers=[process])
-    assert answer is not None
-    status, reason = answer
+    status, reason = readiness_turns_red(base, process)
     assert status == 503
     assert len(lines(reason)) == 1 and "database unavailable" in reason, reason
     wait_until(
@@ -655,13 +661,7 @@ def test_readiness_turns_red_naming_a_table_dropped_under_a_running_worker(
     assert http_get(base + "/readyz") == (200, "ready\n")
     any_db.execute("DROP TABLE correlation_message")
 
-    def not_ready() -> tuple[int, str] | None:
-        probe = http_get(base + "/readyz")
-        return probe if probe[0] != 200 else None
-
-    answer = wait_until(not_ready, what="/readyz to turn red", workers=[process])
-    assert answer is not None
-    status, reason = answer
+    status, reason = readiness_turns_red(base, process)
     assert status == 503
     assert len(lines(reason)) == 1 and "lacks table correlation_message" in reason, reason
 
