@@ -2,11 +2,11 @@
 
 Handlers import their outcomes and the message type from here::
 
-    from worker import Message, Retry, PermanentError, Reschedule
+    from worker import Message, Retry, PermanentError, Reschedule, Result
 """
 
 from worker.message import Message, MessageState
-from worker.policy.outcomes import PermanentError, Reschedule, Retry
+from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry
 
-__all__ = ["Message", "MessageState", "PermanentError", "Reschedule", "Retry"]
+__all__ = ["AuthProblem", "Message", "MessageState", "PermanentError", "Reschedule", "Result", "Retry"]
 __version__ = "0.1.0"

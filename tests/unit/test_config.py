@@ -116,6 +116,10 @@ def test_environment_sets_nested_values(monkeypatch: pytest.MonkeyPatch) -> None
             "CORRELATION_CORRELATORS", '{"*": {"type": "http", "url": "http://engine", "timeout": "PT1M"}}',
             "longer than the handler timeout PT30S",
         ),
+        (
+            "CORRELATION_CORRELATORS", '{"*": {"type": "camunda8", "timeout": "PT1M"}}',
+            "longer than the handler timeout PT30S",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_setting(

@@ -9,15 +9,18 @@ import pytest
 from tests.unit.factories import T0, message, seconds
 from worker.config import Policy
 from worker.policy.outcomes import (
+    RESULT_LIMIT,
     HandlerTimeout,
     Kind,
     PermanentError,
     Reschedule,
+    Result,
     Retry,
     UnexpectedReturn,
     describe_exception,
     interpret_return,
     resolve,
+    result_of,
 )
 
 POLL = seconds(6)
@@ -138,14 +141,40 @@ def test_a_returned_outcome_is_that_outcome() -> None:
     assert isinstance(interpret_return(Retry), Retry)
 
 
-@pytest.mark.parametrize("value", [(False, "not ready"), "ok", 0, 1, {"status": "done"}, [], object()])
+@pytest.mark.parametrize("value", [(False, "not ready"), "ok", 0, 1, [], ["done"], object()])
 def test_any_other_value_is_refused_as_dead_naming_its_type_never_taken_for_success(value: object) -> None:
     outcome = interpret_return(value)
     assert isinstance(outcome, UnexpectedReturn) and isinstance(outcome, PermanentError)
     assert type(value).__name__ in str(outcome)
     resolved = resolve(message(1), outcome, Policy(), T0, seconds(6))
     assert resolved.kind is Kind.DEAD and resolved.last_error is not None
-    assert "return None (success) or False (retry)" in resolved.last_error
+    assert "return None (success), a dict or Result(answer)" in resolved.last_error
+
+
+@pytest.mark.parametrize(
+    ("returned", "text"),
+    [
+        ({"processInstanceKey": "2251799813685249"}, '{"processInstanceKey":"2251799813685249"}'),
+        (Result(["a", 1]), '["a",1]'),
+        (Result("accepted"), '"accepted"'),
+        (Result({"at": T0}), '{"at":"' + str(T0) + '"}'),  # what JSON cannot hold is written as text
+        (Result(None), None),
+        (None, None),
+        (True, None),
+    ],
+)
+def test_a_dict_or_a_result_is_success_with_that_answer_as_bounded_json(returned: object, text: str | None) -> None:
+    assert interpret_return(returned) is None
+    assert result_of(returned) == text
+
+
+def test_an_answer_too_long_or_unwritable_is_cut_or_named_never_a_failure() -> None:
+    long = result_of(Result("x" * 10_000))
+    assert long is not None and len(long) <= RESULT_LIMIT and long.endswith("…truncated")
+    cyclic: dict[str, object] = {}
+    cyclic["self"] = cyclic
+    assert result_of(cyclic) == '"<the result could not be written as JSON: ValueError>"'
+    assert result_of({1: "a", "b": 2}) is not None  # mixed key types: JSON text of their str()
 
 
 def test_a_coroutine_from_an_async_handler_is_refused_and_closed() -> None:

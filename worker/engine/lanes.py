@@ -51,6 +51,7 @@ from worker.engine.committer import Committer, MarkTicket, Outcomes
 from worker.message import Message
 from worker.policy.batching import run_length
 from worker.policy.outcomes import (
+    AuthProblem,
     Disposition,
     HandlerTimeout,
     Kind,
@@ -58,6 +59,7 @@ from worker.policy.outcomes import (
     first_line,
     interpret_return,
     resolve,
+    result_of,
 )
 from worker.service.logs import log_fields
 from worker.service.metrics import Metrics
@@ -593,10 +595,10 @@ class Lanes:
                         "delivering message %s again (%d earlier call(s) not recorded)", message.id,
                         message.lost_calls, extra=_fields(message),
                     )
-                error = self._call(message)
+                error, result = self._call(message)
                 elapsed = self._monotonic() - started
                 disposition = (
-                    Disposition(message.id, Kind.DELETE, message.attempt)
+                    Disposition(message.id, Kind.DELETE, message.attempt, result=result)
                     if error is None
                     else resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
                 )
@@ -607,7 +609,11 @@ class Lanes:
                     lane.done.append((message, disposition))
                 work.called += 1
                 durations.append(elapsed)
-                if error is not None:
+                if error is None:
+                    _log_success(message, disposition, elapsed)
+                else:
+                    if isinstance(error, AuthProblem):
+                        self.metrics.target_auth_failures.labels(message.name).inc()
                     _log_failure(message, disposition, error)
                     if self.mode is Mode.FAIL_FIRST:
                         lane.unmark.extend(run[index + 1 :])
@@ -654,19 +660,22 @@ class Lanes:
         previous = self._call_seconds.get(name)
         self._call_seconds[name] = typical if previous is None else previous + 0.2 * (typical - previous)
 
-    def _call(self, message: Message) -> BaseException | None:
+    def _call(self, message: Message) -> tuple[BaseException | None, str | None]:
+        """One correlator call: its outcome (None for success) and, on success, the target's answer."""
         correlator = self.router.route(message.name)
         if correlator is None:
             return PermanentError(
                 f"no correlator route for message name {message.name!r}: add it to CORRELATION_CORRELATORS "
                 'or configure a "*" fallback'
-            )
+            ), None
         try:
             returned = correlator(message)
         except BaseException as error:  # any handler exception (even SystemExit) is an outcome, never a crash
-            return error
-        # What a returned value means (an outcome, False, or a value that is refused): worker.policy.outcomes.
-        return interpret_return(returned)
+            return error, None
+        # What a returned value means (an outcome, False, an answer, or a value that is refused):
+        # worker.policy.outcomes.
+        outcome = interpret_return(returned)
+        return outcome, (result_of(returned) if outcome is None else None)
 
     def tally(self) -> Counter[str]:
         """Outcomes of calls so far, by outcome."""
@@ -750,11 +759,29 @@ def _fields(message: Message) -> dict[str, object]:
     return log_fields(message)
 
 
+def _log_success(message: Message, disposition: Disposition, seconds: float) -> None:
+    """One line per call that succeeded: at INFO with the target's answer when it gave one (a process instance
+    key, a response body), else at DEBUG (a busy worker correlates thousands a second)."""
+    level = logging.INFO if disposition.result is not None else logging.DEBUG
+    if not logger.isEnabledFor(level):
+        return
+    logger.log(
+        level,
+        "%s id=%s hint=%s: correlated in %.1f ms%s",
+        message.name, message.id, message.hint, seconds * 1000,
+        "" if disposition.result is None else f": result {disposition.result}",
+        extra=log_fields(message, outcome=disposition.outcome, result=disposition.result),
+    )
+
+
 def _log_failure(message: Message, disposition: Disposition, error: BaseException | None) -> None:
-    """One line per call that did not succeed: what it was, what happens next, and the error's first line."""
+    """One line per call that did not succeed: what it was, what happens next, and the error's first line.
+    A target refusing the worker's credentials is an error: an operator must fix them."""
     reason = f"{type(error).__name__}: {first_line(error)}" if error is not None else ""
     due = disposition.next_attempt_at.isoformat() if disposition.next_attempt_at else "never"
     level = logging.WARNING if disposition.kind in (Kind.RETRY, Kind.DEAD) else logging.INFO
+    if isinstance(error, AuthProblem):
+        level = logging.ERROR
     logger.log(
         level,
         "%s id=%s hint=%s: %s (attempt %d, next %s): %s",

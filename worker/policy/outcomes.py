@@ -6,10 +6,11 @@ A handler returns (success) or raises:
 - :class:`PermanentError`: dead at once, no retries;
 - :class:`Reschedule`: try again after a delay without counting an attempt.
 
-What a handler *returns* is read by :func:`interpret_return`: ``None`` and ``True`` are success, ``False`` a
-retry, an outcome (an exception instance or class) that outcome, and anything else is refused: the message is
-dead with a reason naming the returned type, because a message is deleted on success and a value the worker
-cannot read must never be taken for one (``return (False, "not ready")`` would otherwise lose the message).
+What a handler *returns* is read by :func:`interpret_return`: ``None`` and ``True`` are success, a
+:class:`Result` or a mapping success with that answer (:func:`result_of`), ``False`` a retry, an outcome (an
+exception instance or class) that outcome, and anything else is refused: the message is dead with a reason
+naming the returned type, because a message is deleted on success and a value the worker cannot read must
+never be taken for one (``return (False, "not ready")`` would otherwise lose the message).
 
 :func:`resolve` turns the outcome into a :class:`Disposition` for the store to write. It never raises and
 always produces values the schema accepts, whatever the handler handed back: a delay of a wrong type or one
@@ -20,9 +21,11 @@ therefore never keep the outcomes of others from being recorded.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import random
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -64,6 +67,27 @@ class Reschedule(Exception):
         self.delay = delay
 
 
+class AuthProblem(Retry):
+    """The target refused the worker's credentials (HTTP 401 or 403): a retry, logged as an error and counted
+    in ``correlation_target_auth_failures_total`` so that an operator is told, while no message is lost."""
+
+
+class Result:
+    """Success with the target's answer, e.g. ``return Result({"processInstanceKey": key})``.
+
+    The answer is logged on the message's success line; a correlator may also return a mapping (a dict) for
+    the same effect. Any other value stays refused (see :func:`interpret_return`).
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Result({self.value!r})"
+
+
 class HandlerTimeout(Exception):
     """The correlator call exceeded the handler timeout."""
 
@@ -88,6 +112,7 @@ class Disposition:
     next_attempt_at: datetime | None = None
     reschedule_count: int = 0
     last_error: str | None = None
+    result: str | None = None  # a success's answer from the target, bounded JSON text (see result_of)
 
     @property
     def outcome(self) -> str:
@@ -134,11 +159,11 @@ class UnexpectedReturn(PermanentError):
 def interpret_return(value: object) -> BaseException | None:
     """What a correlator's return value means: None for success, else the outcome as an exception.
 
-    ``None`` or ``True``: success. ``False``: a failed attempt (:class:`Retry`). An exception instance (or an
-    exception class, returned by mistake instead of raised): that outcome. A coroutine (an ``async def``
-    handler) never ran: dead, as is any other value, with a reason naming its type.
+    ``None``, ``True``, a :class:`Result` or a mapping: success. ``False``: a failed attempt (:class:`Retry`).
+    An exception instance (or an exception class, returned by mistake instead of raised): that outcome. A
+    coroutine (an ``async def`` handler) never ran: dead, as is any other value, with a reason naming its type.
     """
-    if value is None or value is True:
+    if value is None or value is True or isinstance(value, Result | Mapping):
         return None
     if value is False:
         return Retry("the correlator returned False")
@@ -159,9 +184,28 @@ def interpret_return(value: object) -> BaseException | None:
             f"the correlator returned an awaitable ({type(value).__name__}): async handlers are not supported"
         )
     return UnexpectedReturn(
-        f"the correlator returned a value of type {type(value).__name__}; return None (success) or False "
-        "(retry), or raise Retry, Reschedule or PermanentError"
+        f"the correlator returned a value of type {type(value).__name__}; return None (success), a dict or "
+        "Result(answer) (success with an answer) or False (retry), or raise Retry, Reschedule or PermanentError"
     )
+
+
+# The longest result text a success line (and the delivery record) carries.
+RESULT_LIMIT = 2000
+
+
+def result_of(value: object) -> str | None:
+    """A successful call's answer as bounded JSON text (None when it gave none); never raises."""
+    if isinstance(value, Result):
+        value = value.value
+    elif not isinstance(value, Mapping):
+        return None
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as error:  # keys of mixed types, a cycle, NaN handling
+        text = json.dumps(f"<the result could not be written as JSON: {type(error).__name__}>")
+    return storable_text(text, RESULT_LIMIT)
 
 
 def describe_exception(error: BaseException, limit: int = ERROR_HEAD_LIMIT) -> str:

@@ -114,6 +114,13 @@ class Metrics:
             ["message_name", "outcome"],
             registry=r,
         )
+        self.target_auth_failures = Counter(
+            "correlation_target_auth_failures",
+            "Correlator calls the target refused for the worker's credentials (HTTP 401 or 403), by message "
+            "name: each is retried; alert on any increase.",
+            ["message_name"],
+            registry=r,
+        )
         self.batch_duration = Histogram(
             "correlation_batch_duration_seconds",
             "Time to correlate one batch (the messages of one hint taken in one page).",
