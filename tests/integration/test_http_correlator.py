@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from tests.engines import Answer, FakeCamunda7, FakeCamunda8
 from tests.unit.factories import message
 from worker.config import ConfigError
 from worker.correlators import Router
-from worker.correlators.http import HttpCorrelator, retry_after
-from worker.policy.outcomes import PermanentError, Retry
+from worker.correlators.http import ClientCredentials, HttpCorrelator, retry_after
+from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Retry, result_of
 
 
 class Target:
@@ -144,6 +145,10 @@ def test_bad_auth_specs_are_refused_in_one_line_naming_the_rule(monkeypatch: pyt
         ({"type": "bearer"}, "needs 'token_env'"),
         ({"type": "digest"}, "'auth' must be"),
         ({"type": "basic", "password_env": "ENGINE_PASSWORD"}, "needs a 'username'"),
+        ({"type": "oauth2", "client_id": "w", "client_secret_env": "ENGINE_PASSWORD"}, "needs a 'token_url'"),
+        ({"type": "oauth2", "token_url": "https://idp/token", "client_secret_env": "ENGINE_PASSWORD"}, "'client_id'"),
+        ({"type": "oauth2", "token_url": "https://idp/token", "client_id": "w"}, "needs 'client_secret_env'"),
+        ({"type": "bearer", "token_env": "ENGINE_PASSWORD", "token": "x"}, "'token' is not a key of bearer auth"),
     ]
     for auth, rule in bad:
         with pytest.raises(ConfigError, match=rule) as raised:
@@ -172,6 +177,7 @@ def test_camunda7_preset_posts_a_message_correlation_request(target: Target) -> 
         "processVariables": {"paid": {"value": True}},
         "correlationKeys": {"orderId": {"value": 9}},
         "all": False,
+        "resultEnabled": True,
     }
 
 
@@ -191,17 +197,111 @@ def test_camunda7_passes_tenant_and_process_instance_from_headers_and_all_from_t
         Router.from_settings({"*": {"type": "http", "url": target.url, "all": True}})
 
 
-def test_camunda7_no_matching_execution_is_a_retry_other_400_is_permanent(target: Target) -> None:
-    correlator = HttpCorrelator(target.url, preset="camunda7")
-    target.answers.append(
-        (400, '{"type":"RestException","message":"Cannot correlate message \'order.paid\': '
-              'No process definition or execution matches the parameters"}')
-    )
-    with pytest.raises(Retry, match=r"no process is waiting"):
-        correlator(message(1))
-    target.answers.append((400, '{"type":"InvalidRequestException","message":"Cannot deserialize variable"}'))
-    with pytest.raises(PermanentError):
-        correlator(message(1))
+def test_camunda7_no_matching_execution_is_not_yet_other_400_is_dead_with_the_engines_message() -> None:
+    engine = FakeCamunda7()
+    try:
+        correlator = HttpCorrelator(engine.rest, preset="camunda7")
+        with pytest.raises(Reschedule, match=r"no process is waiting for 'order.paid' with business key 'order-1'"):
+            correlator(message(1, "order-1"))
+        engine.wait_for("order.paid", "order-1")
+        engine.wait_for("order.paid", "order-1")
+        with pytest.raises(PermanentError, match=r"answered 400: RestException: Cannot correlate a message .* 2 exec"):
+            correlator(message(1, "order-1"))
+        engine.queued.append(Answer(400, {"type": "InvalidRequestException", "message": "Cannot deserialize"}))
+        with pytest.raises(PermanentError, match="InvalidRequestException: Cannot deserialize"):
+            correlator(message(1))
+    finally:
+        engine.close()
+
+
+def test_camunda7_answers_the_matched_process_instance_as_the_result() -> None:
+    engine = FakeCamunda7()
+    try:
+        one = engine.wait_for("order.paid", "order-1")
+        assert result_of(HttpCorrelator(engine.rest, preset="camunda7")(message(1, "order-1"))) == (
+            f'{{"processInstanceId":"{one}"}}'
+        )
+        both = [engine.wait_for("order.paid", "order-2"), engine.wait_for("order.paid", "order-2")]
+        every = HttpCorrelator(engine.rest, preset="camunda7", correlate_all=True)(message(2, "order-2"))
+        assert json.loads(result_of(every) or "") == {"processInstanceId": both[0], "processInstanceIds": both}
+    finally:
+        engine.close()
+
+
+def test_camunda7_refused_credentials_are_an_auth_problem_and_basic_auth_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = FakeCamunda7(username="demo", password="s3cret")
+    monkeypatch.setenv("ENGINE_PASSWORD", "wrong")
+    try:
+        engine.wait_for("order.paid", "h")
+        spec = {"type": "http", "preset": "camunda7", "url": engine.rest,
+                "auth": {"type": "basic", "username": "demo", "password_env": "ENGINE_PASSWORD"}}
+        with pytest.raises(AuthProblem, match="answered 401: the endpoint refused the worker's credentials"):
+            route(spec)(message(1))
+        monkeypatch.setenv("ENGINE_PASSWORD", "s3cret")
+        assert "processInstanceId" in (result_of(route(spec)(message(1))) or "")
+    finally:
+        engine.close()
+
+
+def test_a_json_answer_is_the_result_and_other_bodies_give_none(target: Target) -> None:
+    target.answers.append((200, '{"accepted": true, "ticket": "T-1"}', {"Content-Type": "application/json"}))
+    target.answers.append((200, "ok", {"Content-Type": "text/plain"}))
+    target.answers.append((200, "[" * 100_000, {"Content-Type": "application/json"}))
+    correlator = HttpCorrelator(target.url)
+    assert result_of(correlator(message(1))) == '{"accepted":true,"ticket":"T-1"}'
+    assert result_of(correlator(message(2))) is None
+    assert result_of(correlator(message(3))) is None  # too large to keep: success, no result
+    assert result_of(correlator(message(4))) is None  # 204
+
+
+def test_oauth2_client_credentials_one_token_until_it_expires_and_once_more_after_a_401(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    issuer = FakeCamunda8(auth="OAUTH", token_lifetime=3600)
+    monkeypatch.setenv("ENGINE_CLIENT_SECRET", issuer.client_secret)
+    auth = {"type": "oauth2", "token_url": issuer.oauth_url, "client_id": issuer.client_id,
+            "client_secret_env": "ENGINE_CLIENT_SECRET", "audience": issuer.audience}
+    try:
+        correlator = route({"type": "http", "url": target.url, "auth": auth})
+        for row in range(3):
+            correlator(message(row))
+        assert issuer.token_requests == 1
+        target.answers.append((401, "token revoked"))
+        correlator(message(4))  # refused, a new token, sent again
+        assert issuer.token_requests == 2
+        assert target.authorizations == ["Bearer token-1"] * 4 + ["Bearer token-2"]
+        target.answers.extend([(401, "no"), (401, "still no")])
+        with pytest.raises(AuthProblem):
+            correlator(message(5))
+        monkeypatch.setenv("ENGINE_CLIENT_SECRET", "wrong")
+        with pytest.raises(AuthProblem, match="refused the client credentials"):
+            route({"type": "http", "url": target.url, "auth": auth})(message(6))
+    finally:
+        issuer.close()
+
+
+def test_an_oauth2_token_is_fetched_again_shortly_before_it_expires() -> None:
+    issuer = FakeCamunda8(auth="OAUTH", token_lifetime=100)
+    now = [0.0]
+    try:
+        tokens = ClientCredentials(
+            issuer.oauth_url, issuer.client_id, issuer.client_secret, audience=issuer.audience, clock=lambda: now[0]
+        )
+        assert tokens.header() == "Bearer token-1"
+        now[0] = 89.0  # a tenth of the lifetime before it expires: still the same
+        assert tokens.header() == "Bearer token-1"
+        now[0] = 90.0
+        assert tokens.header() == "Bearer token-2"
+    finally:
+        issuer.close()
+
+
+def route(spec: Mapping[str, object]) -> Any:
+    correlator = Router.from_settings({"*": spec}).route("order.paid")
+    assert correlator is not None
+    return correlator
 
 
 def test_routes_build_http_correlators_and_refuse_bad_specs() -> None:

@@ -1,9 +1,21 @@
 """The ``http`` correlator: POSTs each message as JSON to an endpoint (DESIGN.md §5).
 
-2xx is success; 5xx, timeouts and connection errors are retries; any other 4xx is permanent. A 3xx is not
-followed: it is permanent, and its reason names the ``Location`` the endpoint pointed to. The ``camunda7``
-preset speaks the message-correlation API of Camunda 7 / Operaton (``POST {url}/message``): its 400 "no process
-definition or execution matches" means the process is not waiting yet, which is a retry, not an error.
+2xx is success, and a JSON response body (up to 64 KiB) is the call's result, logged on the success line. 5xx,
+408, 429, timeouts and connection errors are retries, after the ``Retry-After`` the endpoint asks for (capped by
+the policy's ``backoff_cap``); 401 and 403 are retries too when the route authenticates (``auth``, or the
+``camunda7`` preset), logged as errors and counted (:class:`~worker.policy.outcomes.AuthProblem`); any other
+4xx is permanent. A 3xx is not followed: it is permanent, and its reason names the ``Location`` the endpoint
+pointed to.
+
+The ``camunda7`` preset speaks the message-correlation API of Camunda 7 / Operaton (``POST {url}/message``, with
+``resultEnabled``): the matched process instance id is the result; its 400 "no process definition or execution
+matches" means the process is not waiting yet (:class:`~worker.policy.outcomes.Reschedule`: not an attempt);
+any other 400 is dead with the engine's message.
+
+Auth (``"auth"`` of the route; secrets are read from the environment variables it names, never from the spec):
+``bearer`` (``token_env``), ``basic`` (``username``, ``password_env``) and ``oauth2`` client credentials
+(``token_url``, ``client_id``, ``client_secret_env``, optional ``scope`` and ``audience``: the token is cached
+until shortly before it expires, and fetched again once when the endpoint answers 401).
 
 Configured as::
 
@@ -15,7 +27,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -25,19 +39,21 @@ import httpx
 
 from worker.config import ConfigError, parse_duration
 from worker.message import Message
-from worker.policy.outcomes import PermanentError, Retry
+from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry, storable_text
 from worker.redact import redact_text, redact_url
 
-NOT_WAITING_MARKERS = ("no process definition or execution matches", "cannot correlate message")
+NOT_WAITING_MARKERS = ("no process definition or execution matches",)
 BODY_HEAD = 500
+# The largest response body kept as a call's result.
+RESULT_BODY_LIMIT = 64 * 1024
 
 
-def _plain(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
     """Read-only payload values back to JSON-ready ones."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
+        return [json_ready(v) for v in value]
     return value
 
 
@@ -52,23 +68,145 @@ def _secret(spec: Mapping[str, Any], key: str, setting: str) -> str:
     return value
 
 
-def auth_header(auth: object, setting: str) -> str | None:
-    """The Authorization header of a route's ``auth``: bearer or basic, secrets read from the environment."""
+# A token is fetched again this long (or a tenth of its lifetime, if shorter) before it expires.
+TOKEN_SKEW = 30.0
+
+
+class ClientCredentials:
+    """An OAuth 2.0 client-credentials token, cached until shortly before it expires (thread-safe).
+
+    Thirty lines of RFC 6749 §4.4 on the correlator's own httpx pool: no library for it is worth its weight.
+    """
+
+    def __init__(
+        self, token_url: str, client_id: str, client_secret: str, *, scope: str | None = None,
+        audience: str | None = None, client: httpx.Client | None = None, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.token_url = token_url
+        self._form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret}
+        if scope:
+            self._form["scope"] = scope
+        if audience:
+            self._form["audience"] = audience
+        self._client = client or httpx.Client(timeout=10.0)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self._expires = 0.0
+
+    def header(self) -> str:
+        """``Bearer <token>``: the cached token, or a new one when it is (nearly) expired."""
+        with self._lock:
+            now = self._clock()
+            if self._token is None or now >= self._expires:
+                self._token, lifetime = self._fetch()
+                self._expires = now + max(lifetime - min(TOKEN_SKEW, lifetime / 10), 0.0)
+            return f"Bearer {self._token}"
+
+    def forget(self, header: str) -> None:
+        """The endpoint refused the token of ``header``: the next call fetches a new one."""
+        with self._lock:
+            if header == f"Bearer {self._token}":
+                self._token = None
+
+    def _fetch(self) -> tuple[str, float]:
+        shown = redact_url(self.token_url)
+        try:
+            response = self._client.post(self.token_url, data=self._form, headers={"Accept": "application/json"})
+        except httpx.HTTPError as error:
+            raise Retry(f"the token endpoint {shown} failed: {redact_text(str(error))}") from None
+        if response.status_code in (400, 401, 403):  # RFC 6749 §5.2: invalid_client, unauthorized_client, ...
+            raise AuthProblem(f"the token endpoint {shown} refused the client credentials: {_problem(response)}")
+        if response.status_code != 200:
+            raise Retry(f"the token endpoint {shown} answered {response.status_code}: {_problem(response)}")
+        try:
+            answer = response.json()
+            token, lifetime = answer["access_token"], float(answer.get("expires_in", 60))
+        except (ValueError, KeyError, TypeError):
+            raise Retry(f"the token endpoint {shown} answered 200 without an access_token") from None
+        if not isinstance(token, str) or not token:
+            raise Retry(f"the token endpoint {shown} answered 200 without an access_token")
+        return token, lifetime
+
+    def close(self) -> None:
+        """Close the token endpoint's connection pool."""
+        self._client.close()
+
+
+Auth = str | ClientCredentials | None
+
+
+def build_auth(auth: object, setting: str) -> Auth:
+    """A route's ``auth``: a fixed Authorization header (bearer, basic) or an OAuth2 token source."""
     if auth is None:
         return None
     kind = auth.get("type") if isinstance(auth, Mapping) else None
-    if not isinstance(auth, Mapping) or kind not in ("bearer", "basic"):
+    if not isinstance(auth, Mapping) or kind not in ("bearer", "basic", "oauth2"):
         raise ConfigError(
-            f"invalid setting {setting}: 'auth' must be {{\"type\": \"bearer\", \"token_env\": ...}} or "
-            '{"type": "basic", "username": ..., "password_env": ...}'
+            f"invalid setting {setting}: 'auth' must be {{\"type\": \"bearer\", \"token_env\": ...}}, "
+            '{"type": "basic", "username": ..., "password_env": ...} or '
+            '{"type": "oauth2", "token_url": ..., "client_id": ..., "client_secret_env": ...}'
         )
+    known = AUTH_KEYS[kind]
+    for key in auth:
+        if key not in known:
+            raise ConfigError(
+                f"invalid setting {setting}: {key!r} is not a key of {kind} auth; its keys: {', '.join(sorted(known))}"
+            )
     if kind == "bearer":
         return f"Bearer {_secret(auth, 'token_env', setting)}"
-    username = auth.get("username")
-    if not isinstance(username, str) or not username or ":" in username:
-        raise ConfigError(f"invalid setting {setting}: basic auth needs a 'username' without ':'")
-    pair = f"{username}:{_secret(auth, 'password_env', setting)}".encode()
-    return f"Basic {base64.b64encode(pair).decode()}"
+    if kind == "basic":
+        username = auth.get("username")
+        if not isinstance(username, str) or not username or ":" in username:
+            raise ConfigError(f"invalid setting {setting}: basic auth needs a 'username' without ':'")
+        pair = f"{username}:{_secret(auth, 'password_env', setting)}".encode()
+        return f"Basic {base64.b64encode(pair).decode()}"
+    token_url, client_id = auth.get("token_url"), auth.get("client_id")
+    if not isinstance(token_url, str) or not token_url.startswith(("http://", "https://")):
+        raise ConfigError(f"invalid setting {setting}: oauth2 auth needs a 'token_url' starting with http(s)://")
+    if not isinstance(client_id, str) or not client_id:
+        raise ConfigError(f"invalid setting {setting}: oauth2 auth needs a 'client_id'")
+    for key in ("scope", "audience"):
+        if not isinstance(auth.get(key, ""), str):
+            raise ConfigError(f"invalid setting {setting}: oauth2 auth's {key!r} must be text")
+    return ClientCredentials(
+        token_url, client_id, _secret(auth, "client_secret_env", setting),
+        scope=auth.get("scope"), audience=auth.get("audience"),
+    )
+
+
+AUTH_KEYS = {
+    "bearer": frozenset({"type", "token_env"}),
+    "basic": frozenset({"type", "username", "password_env"}),
+    "oauth2": frozenset({"type", "token_url", "client_id", "client_secret_env", "scope", "audience"}),
+}
+
+
+def _problem(response: httpx.Response) -> str:
+    """What an error answer says: a problem+json or Camunda 7 body's type/title and detail/message, else the
+    head of its text."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping):
+        parts = [str(body[key]) for key in ("title", "type", "error", "detail", "message", "error_description")
+                 if isinstance(body.get(key), str | int) and body.get(key) != ""]
+        if parts:
+            return storable_text(": ".join(parts), BODY_HEAD)
+    return response.text[:BODY_HEAD] or "(empty body)"
+
+
+def _json_result(response: httpx.Response) -> object:
+    """A 2xx answer's JSON body, if it has one that is small enough to keep (else None)."""
+    if not response.content or len(response.content) > RESULT_BODY_LIMIT:
+        return None
+    if "json" not in response.headers.get("Content-Type", ""):
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 def retry_after(value: str | None, date: str | None = None) -> float | None:
@@ -95,8 +233,8 @@ def generic_body(message: Message) -> dict[str, Any]:
         "messageId": message.message_id,
         "messageName": message.name,
         "correlationHint": message.hint,
-        "payload": _plain(message.payload),
-        "headers": _plain(message.headers),
+        "payload": json_ready(message.payload),
+        "headers": json_ready(message.headers),
         "createdAt": message.created_at.isoformat(),
         "attempt": message.attempt,
     }
@@ -108,15 +246,16 @@ def camunda7_body(message: Message, *, correlate_all: bool = False, without_tena
     The ``tenantId`` and ``processInstanceId`` headers narrow the correlation; without a ``tenantId`` header,
     ``without_tenant`` asks for definitions and executions that belong to no tenant.
     """
-    payload = _plain(message.payload)
+    payload = json_ready(message.payload)
     variables = payload if isinstance(payload, dict) else {"payload": payload}
     body: dict[str, Any] = {
         "messageName": message.name,
         "businessKey": message.hint,
         "processVariables": {name: {"value": value} for name, value in variables.items()},
         "all": correlate_all,
+        "resultEnabled": True,
     }
-    headers = _plain(message.headers)
+    headers = json_ready(message.headers)
     if isinstance(headers.get("tenantId"), str) and headers["tenantId"]:
         body["tenantId"] = headers["tenantId"]
     elif without_tenant:
@@ -142,8 +281,13 @@ class HttpCorrelator:
         client: httpx.Client | None = None,
         correlate_all: bool = False,
         without_tenant: bool = False,
+        auth: Auth = None,
     ) -> None:
         self.preset = preset
+        # A 401 or 403 is a credentials problem to fix, retried, where the route authenticates: with 'auth', or
+        # an engine (whose REST API may sit behind its own authentication); else a plain permanent 4xx.
+        self.authenticates = auth is not None or preset == "camunda7"
+        self.auth = auth
         self.correlate_all = correlate_all
         self.without_tenant = without_tenant
         self.url = url.rstrip("/") + "/message" if preset == "camunda7" else url
@@ -182,12 +326,10 @@ class HttpCorrelator:
                     "the request"
                 )
         headers = {str(k): str(v) for k, v in headers.items()}
-        authorization = auth_header(spec.get("auth"), setting)
-        if authorization is not None:
-            if any(k.lower() == "authorization" for k in headers):
-                raise ConfigError(f"invalid setting {setting}: give 'auth' or an 'Authorization' header, not both")
-            headers["Authorization"] = authorization
-        if "@" in urlsplit(url).netloc and any(k.lower() == "authorization" for k in headers):
+        auth = build_auth(spec.get("auth"), setting)
+        if auth is not None and any(k.lower() == "authorization" for k in headers):
+            raise ConfigError(f"invalid setting {setting}: give 'auth' or an 'Authorization' header, not both")
+        if "@" in urlsplit(url).netloc and (auth is not None or any(k.lower() == "authorization" for k in headers)):
             # httpx turns URL credentials into an Authorization header that replaces the configured one.
             raise ConfigError(
                 f"invalid setting {setting}: credentials in 'url' would replace the 'Authorization' header; "
@@ -202,27 +344,25 @@ class HttpCorrelator:
             flags[key] = bool(spec.get(key, False))
         return cls(
             url, preset=preset, timeout=timeout, headers=headers,
-            correlate_all=flags["all"], without_tenant=flags["without_tenant_id"],
+            correlate_all=flags["all"], without_tenant=flags["without_tenant_id"], auth=auth,
         )
 
-    def __call__(self, message: Message) -> None:
-        """POST the message; raise Retry or PermanentError unless the answer is 2xx."""
+    def __call__(self, message: Message) -> Result:
+        """POST the message; its answer's JSON is the result. Raise an outcome unless the answer is 2xx."""
         if self.preset == "camunda7":
             body = camunda7_body(message, correlate_all=self.correlate_all, without_tenant=self.without_tenant)
         else:
             body = generic_body(message)
-        try:
-            response = self.client.post(
-                self.url, content=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-        except httpx.TimeoutException as error:
-            raise Retry(f"POST {self.shown_url} timed out: {redact_text(str(error))}") from None
-        except httpx.TransportError as error:
-            raise Retry(f"POST {self.shown_url} failed: {redact_text(str(error))}") from None
+        content = json.dumps(body)
+        response = self._post(content)
+        if response.status_code == 401 and isinstance(self.auth, ClientCredentials):
+            self.auth.forget(response.request.headers.get("Authorization", ""))
+            response = self._post(content)  # once, with a new token
         status = response.status_code
         if 200 <= status < 300:
-            return
-        head = response.text[:BODY_HEAD]
+            answer = _json_result(response)
+            return Result(camunda7_result(answer) if self.preset == "camunda7" else answer)
+        head = _problem(response)
         if 300 <= status < 400:  # not followed: a POST redirected is a route to fix, not a call to repeat
             location = redact_url(response.headers.get("Location", "(no Location header)"))
             raise PermanentError(
@@ -233,10 +373,52 @@ class HttpCorrelator:
             after = retry_after(response.headers.get("Retry-After"), response.headers.get("Date"))
             waits = "" if after is None else f" (Retry-After {after:.0f}s)"
             raise Retry(f"POST {self.shown_url} answered {status}{waits}: {head}", after=after)
+        if status in (401, 403) and self.authenticates:
+            raise AuthProblem(
+                f"POST {self.shown_url} answered {status}: the endpoint refused the worker's credentials; fix the "
+                f"route's auth: {head}"
+            )
         if self.preset == "camunda7" and status == 400 and any(m in head.lower() for m in NOT_WAITING_MARKERS):
-            raise Retry(f"no process is waiting for {message.name!r} with business key {message.hint!r} yet: {head}")
+            raise Reschedule(
+                f"no process is waiting for {message.name!r} with business key {message.hint!r} yet: {head}"
+            )
         raise PermanentError(f"POST {self.shown_url} answered {status}: {head}")
 
+    def _post(self, content: str) -> httpx.Response:
+        headers = {"Content-Type": "application/json"}
+        if isinstance(self.auth, ClientCredentials):
+            headers["Authorization"] = self.auth.header()
+        elif self.auth is not None:
+            headers["Authorization"] = self.auth
+        try:
+            return self.client.post(self.url, content=content, headers=headers)
+        except httpx.TimeoutException as error:
+            raise Retry(f"POST {self.shown_url} timed out: {redact_text(str(error))}") from None
+        except httpx.TransportError as error:
+            raise Retry(f"POST {self.shown_url} failed: {redact_text(str(error))}") from None
+
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
         self.client.close()
+        if isinstance(self.auth, ClientCredentials):
+            self.auth.close()
+
+
+def camunda7_result(answer: object) -> dict[str, Any] | None:
+    """The process instance(s) a Camunda 7 correlation with ``resultEnabled`` matched: ``processInstanceId``
+    (the first) and, when it matched several (``all``), ``processInstanceIds``."""
+    if not isinstance(answer, list):
+        return None
+    ids = []
+    for item in answer:
+        if not isinstance(item, Mapping):
+            continue
+        instance = item.get("processInstance") if item.get("resultType") == "ProcessDefinition" else None
+        execution = item.get("execution")
+        if isinstance(instance, Mapping) and instance.get("id"):
+            ids.append(str(instance["id"]))
+        elif isinstance(execution, Mapping) and execution.get("processInstanceId"):
+            ids.append(str(execution["processInstanceId"]))
+    if not ids:
+        return None
+    return {"processInstanceId": ids[0]} if len(ids) == 1 else {"processInstanceId": ids[0], "processInstanceIds": ids}
