@@ -698,7 +698,7 @@ class Settings(BaseSettings):
     def _http_timeouts_fit(self) -> Settings:
         # An HTTP call allowed to outlast its handler timeout is abandoned as hung first, its answer never read.
         for name, spec in self.correlators.items():
-            if not isinstance(spec, dict) or spec.get("type") != "http":
+            if not isinstance(spec, dict) or spec.get("type") not in ("http", "camunda8"):
                 continue
             try:
                 timeout = parse_duration(spec.get("timeout", "PT10S"))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from worker.config import ConfigError
+from worker.correlators.camunda8 import Camunda8Correlator
 from worker.correlators.http import HttpCorrelator
 from worker.correlators.log import LogCorrelator
 from worker.correlators.python import load_callable
@@ -51,6 +52,7 @@ ROUTE_KEYS = {
     "log": frozenset({"type"}),
     "python": frozenset({"type", "handler"}),
     "http": frozenset({"type", "url", "preset", "timeout", "headers", "auth", "all", "without_tenant_id"}),
+    "camunda8": frozenset({"type", "mode", "url", "tenant_id", "time_to_live", "timeout"}),
 }
 
 
@@ -76,7 +78,9 @@ def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
         return load_callable(str(spec.get("handler", "")), setting)
     if kind == "http":
         return HttpCorrelator.from_spec(spec, setting)
+    if kind == "camunda8":
+        return Camunda8Correlator.from_spec(spec, setting)
     raise ConfigError(
-        f"invalid setting {setting}: unknown correlator type {kind!r}; use 'log', 'module:function' or "
-        '{"type": "http", "url": ...}'
+        f"invalid setting {setting}: unknown correlator type {kind!r}; use 'log', 'module:function', "
+        '{"type": "http", "url": ...} or {"type": "camunda8", "mode": "correlate"}'
     )
