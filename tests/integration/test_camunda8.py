@@ -231,3 +231,15 @@ def test_time_to_live_defaults_to_an_hour(cluster: FakeCamunda8) -> None:
     correlator(mode="publish")(message(1))
     hour = timedelta(hours=1) // timedelta(milliseconds=1)
     assert cluster.recorded(FakeCamunda8.PUBLISH)[0].body["timeToLive"] == hour
+
+
+def test_check_config_says_where_messages_go_and_never_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeCamunda8(auth="OAUTH")
+    try:
+        for name, value in fake.env().items():
+            monkeypatch.setenv(name, value)
+        shown = Router.from_settings({"*": {"type": "camunda8", "mode": "publish"}}).describe()["*"]
+        assert f"{fake.rest}/messages/publication (auth OAUTH, client worker at {fake.oauth_url}" in shown
+        assert fake.client_secret not in shown
+    finally:
+        fake.close()

@@ -36,7 +36,12 @@ class Router:
     def from_settings(cls, specs: Mapping[str, str | Mapping[str, Any]]) -> Router:
         """Build every route now; an unknown kind or an unimportable handler is a ConfigError."""
         routes = {name: _build(name, spec) for name, spec in specs.items()}
-        return cls(routes, {name: redact_route(spec) for name, spec in specs.items()})
+        descriptions = {}
+        for name, spec in specs.items():
+            # A correlator configured elsewhere too (camunda8: the SDK's variables) says where it goes.
+            where = getattr(routes[name], "describe", None)
+            descriptions[name] = redact_route(spec) + (f" -> {where()}" if callable(where) else "")
+        return cls(routes, descriptions)
 
     def route(self, message_name: str) -> Correlator | None:
         """The correlator for this name, the fallback, or None when neither is configured."""

@@ -257,6 +257,14 @@ class Camunda8Correlator:
             result["messageId"] = str(body["messageId"])
         return result
 
+    def describe(self) -> str:
+        """Where the messages go, as the SDK resolved its settings (never a secret): for check-config."""
+        config = self.client.configuration
+        auth = config.CAMUNDA_AUTH_STRATEGY
+        who = {"OAUTH": f", client {config.CAMUNDA_CLIENT_ID} at {redact_url(config.CAMUNDA_OAUTH_URL)}",
+               "BASIC": f", user {config.CAMUNDA_BASIC_AUTH_USERNAME}"}.get(auth, "")
+        return f"{self.shown_url} (auth {auth}{who}, tenant {self.tenant_id or 'none sent'})"
+
     def close(self) -> None:
         """Nothing of its own: the SDK client is the process's, shared by routes."""
 
