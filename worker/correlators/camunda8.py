@@ -31,6 +31,7 @@ problem says ``RESOURCE_EXHAUSTED``), other 5xx, 408, timeouts and connection er
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -83,6 +84,8 @@ def _build_client(url: str | None, timeout: float, setting: str, httpx_args: Map
     try:
         return CamundaClient(
             configuration=overrides or None,  # type: ignore[arg-type]  # a partial mapping of its settings
+            # The SDK's own lines go through the worker's logging (its format, JSON or text), not loguru's stderr.
+            logger=logging.getLogger("worker.correlators.camunda8.sdk"),
             timeout=httpx.Timeout(timeout),
             httpx_args=dict(httpx_args or {}),
         )
