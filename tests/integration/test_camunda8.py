@@ -125,7 +125,7 @@ def test_a_tenant_with_multi_tenancy_off_is_dead_with_the_clusters_words(cluster
 def test_oauth_one_token_per_expiry_and_a_revoked_token_is_fetched_again_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fake = FakeCamunda8(auth="OAUTH", token_lifetime=3600)
+    fake = FakeCamunda8(auth="OAUTH", token_lifetime=10)  # short-lived: still one token for its 9 s
     try:
         for name, value in fake.env().items():
             monkeypatch.setenv(name, value)

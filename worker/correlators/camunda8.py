@@ -21,16 +21,18 @@ could not be honoured; they cannot read a 503 with an empty body or a 429; and t
 blocks a lane's thread beyond its handler timeout. The bodies follow the REST contract (``name``,
 ``correlationKey``, ``variables``, ``tenantId``, ``messageId``, ``timeToLive``).
 
+With ``CAMUNDA_AUTH_STRATEGY=OAUTH`` the token comes from the worker's own client-credentials source, fed from the
+settings as the SDK resolves them: cached until 30 s (or a tenth of its lifetime, if shorter) before it expires.
+
 Outcomes: 2xx success (the keys, as strings, are the result); 404 in correlate mode not yet; 409 by its title
 (``ALREADY_EXISTS`` success, any other a retry); 400 dead with the problem's title and detail; 401 a new token and
-one more try, then, like 403, :class:`~worker.policy.outcomes.AuthProblem`; back-pressure (429, 503, a 500 whose
-problem says ``RESOURCE_EXHAUSTED``), other 5xx, 408, timeouts and connection errors a retry after the answer's
-``Retry-After``; any other 4xx dead.
+one more try, then, like 403 or a token endpoint refusing the client, :class:`~worker.policy.outcomes.AuthProblem`;
+back-pressure (429, 503, a 500 whose problem says ``RESOURCE_EXHAUSTED``), other 5xx, 408, timeouts and connection
+errors a retry after the answer's ``Retry-After``; any other 4xx dead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -41,7 +43,7 @@ from typing import Any
 import httpx
 
 from worker.config import ConfigError, parse_duration
-from worker.correlators.http import BODY_HEAD, json_ready, retry_after
+from worker.correlators.http import BODY_HEAD, ClientCredentials, json_ready, retry_after
 from worker.message import Message
 from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry, storable_text
 from worker.redact import redact_text, redact_url
@@ -75,6 +77,8 @@ def sdk_client(url: str | None, timeout: float, setting: str, httpx_args: Mappin
 def _build_client(url: str | None, timeout: float, setting: str, httpx_args: Mapping[str, Any] | None) -> Any:
     try:
         from camunda_orchestration_sdk import CamundaClient
+        from camunda_orchestration_sdk.runtime.configuration_resolver import ConfigurationResolver, read_environment
+        from camunda_orchestration_sdk.runtime.tls import build_ssl_context
     except ImportError:
         raise ConfigError(
             f"invalid setting {setting}: the camunda8 correlator needs Camunda's SDK: "
@@ -82,8 +86,26 @@ def _build_client(url: str | None, timeout: float, setting: str, httpx_args: Map
         ) from None
     overrides: dict[str, Any] = {"CAMUNDA_REST_ADDRESS": url} if url else {}
     try:
+        # The settings exactly as the SDK resolves them (aliases, .env file, inferred strategy), read once here
+        # to give OAuth its token source: the SDK's own keeps a token until 30 s before it expires, so a token
+        # living 30 s or less would be fetched again for every call.
+        config = ConfigurationResolver(
+            environment=read_environment(), explicit_configuration=overrides or None
+        ).resolve().effective
+        provider = None
+        if config.CAMUNDA_AUTH_STRATEGY == "OAUTH":
+            verify = build_ssl_context(config)
+            transport = (httpx_args or {}).get("transport")
+            tokens = ClientCredentials(
+                config.CAMUNDA_OAUTH_URL, config.CAMUNDA_CLIENT_ID or "", config.CAMUNDA_CLIENT_SECRET or "",
+                audience=config.CAMUNDA_TOKEN_AUDIENCE,
+                check="CAMUNDA_CLIENT_ID, CAMUNDA_CLIENT_SECRET, CAMUNDA_TOKEN_AUDIENCE and CAMUNDA_OAUTH_URL",
+                client=httpx.Client(timeout=timeout, transport=transport, verify=verify if verify else True),
+            )
+            provider = TokenProvider(tokens)
         return CamundaClient(
             configuration=overrides or None,  # type: ignore[arg-type]  # a partial mapping of its settings
+            auth_provider=provider,
             # The SDK's own lines go through the worker's logging (its format, JSON or text), not loguru's stderr.
             logger=logging.getLogger("worker.correlators.camunda8.sdk"),
             timeout=httpx.Timeout(timeout),
@@ -92,6 +114,21 @@ def _build_client(url: str | None, timeout: float, setting: str, httpx_args: Map
     except Exception as error:  # the SDK's own validation of the CAMUNDA_* variables
         problem = _sdk_problem(error)
         raise ConfigError(f"invalid setting {setting}: the Camunda SDK refused its settings: {problem}") from None
+
+
+class TokenProvider:
+    """The SDK's auth-provider protocol (``get_headers``) over the worker's cached client-credentials token."""
+
+    def __init__(self, tokens: ClientCredentials) -> None:
+        self.tokens = tokens
+
+    def get_headers(self) -> dict[str, str]:
+        """The Authorization header: the cached token, or a new one shortly before it expires."""
+        return {"Authorization": self.tokens.header()}
+
+    def close(self) -> None:
+        """Close the token endpoint's pool."""
+        self.tokens.close()
 
 
 def _sdk_problem(error: Exception) -> str:
@@ -176,7 +213,7 @@ class Camunda8Correlator:
         body = self.body(message)
         response = self._post(body)
         if response.status_code == 401:  # the token may have been revoked or expired early: a new one, once
-            self._forget_token()
+            self._forget_token(response)
             response = self._post(body)
         status = response.status_code
         if 200 <= status < 300:
@@ -210,38 +247,14 @@ class Camunda8Correlator:
             return self.http.post(ENDPOINTS[self.mode], json=body)
         except httpx.TimeoutException as error:
             raise Retry(f"POST {self.shown_url} timed out: {redact_text(str(error))}") from None
-        except httpx.HTTPStatusError as error:  # the SDK's token request, made by its auth hook, was refused
-            token_status = error.response.status_code
-            shown = redact_url(str(error.request.url))
-            if token_status in (400, 401, 403):
-                raise AuthProblem(
-                    f"the OAuth token endpoint {shown} refused the client credentials ({token_status}); check "
-                    "CAMUNDA_CLIENT_ID, CAMUNDA_CLIENT_SECRET and CAMUNDA_TOKEN_AUDIENCE"
-                ) from None
-            raise Retry(f"the OAuth token endpoint {shown} answered {token_status}") from None
         except httpx.HTTPError as error:
             raise Retry(f"POST {self.shown_url} failed: {redact_text(str(error))}") from None
-        except RuntimeError as error:  # the SDK's persistent tarpit after a refused SaaS token request
-            raise AuthProblem(redact_text(str(error))) from None
-        except ValueError as error:  # a token answer without access_token or expires_in
-            raise Retry(f"the OAuth token endpoint gave no token: {redact_text(str(error))}") from None
 
-    def _forget_token(self) -> None:
-        """Drop the SDK's cached OAuth token so that the next request fetches a new one.
-
-        The SDK's provider has no public call for it: its in-memory token (and its disk cache, if enabled) are
-        cleared under its own lock. Basic and no auth have nothing to forget.
-        """
+    def _forget_token(self, refused: httpx.Response) -> None:
+        """The token of a refused request is dropped: the next request fetches a new one (OAuth only)."""
         provider = self.client.auth_provider
-        lock = getattr(provider, "_lock", None)
-        if lock is None or not hasattr(provider, "_token"):
-            return
-        with lock:
-            provider._token = None
-            cache = getattr(provider, "_token_cache_file", lambda: None)()
-            if cache is not None:
-                with contextlib.suppress(OSError):
-                    cache.unlink(missing_ok=True)
+        if isinstance(provider, TokenProvider):
+            provider.tokens.forget(refused.request.headers.get("Authorization", ""))
 
     def _result(self, response: httpx.Response, body: Mapping[str, Any]) -> dict[str, Any]:
         try:

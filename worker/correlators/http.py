@@ -81,8 +81,10 @@ class ClientCredentials:
     def __init__(
         self, token_url: str, client_id: str, client_secret: str, *, scope: str | None = None,
         audience: str | None = None, client: httpx.Client | None = None, clock: Callable[[], float] = time.monotonic,
+        check: str = "the route's auth: its client_id and the variable its client_secret_env names",
     ) -> None:
         self.token_url = token_url
+        self.check = check  # what an operator checks when the token endpoint refuses the client
         self._form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret}
         if scope:
             self._form["scope"] = scope
@@ -116,7 +118,10 @@ class ClientCredentials:
         except httpx.HTTPError as error:
             raise Retry(f"the token endpoint {shown} failed: {redact_text(str(error))}") from None
         if response.status_code in (400, 401, 403):  # RFC 6749 §5.2: invalid_client, unauthorized_client, ...
-            raise AuthProblem(f"the token endpoint {shown} refused the client credentials: {_problem(response)}")
+            raise AuthProblem(
+                f"the token endpoint {shown} refused the client credentials ({response.status_code} "
+                f"{_problem(response)}); check {self.check}"
+            )
         if response.status_code != 200:
             raise Retry(f"the token endpoint {shown} answered {response.status_code}: {_problem(response)}")
         try:
