@@ -24,10 +24,15 @@ COPY pyproject.toml README.md ./
 COPY schema ./schema
 COPY worker ./worker
 
+# Optional extras installed with the package: camunda8 (Camunda's SDK, for the camunda8 correlator) by default;
+# build with --build-arg EXTRAS= for the bare worker.
+ARG EXTRAS=camunda8
+
 # Every dependency ships binary wheels (psycopg[binary] bundles libpq), so no compiler is needed. pip and
 # setuptools are removed from the venv afterwards: the runtime never installs anything.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
-    && /opt/venv/bin/pip install /wheels/*.whl \
+    && wheel="$(ls /wheels/*.whl)" \
+    && /opt/venv/bin/pip install "${wheel}${EXTRAS:+[$EXTRAS]}" \
     && /opt/venv/bin/pip uninstall -y pip setuptools
 
 

@@ -6,6 +6,7 @@ interpolates and validates a project without talking to a Docker engine.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -166,3 +167,29 @@ def _seconds(duration: str) -> float:
             total += float(number) * units[char]
             number = ""
     return total
+
+
+@pytest.fixture(scope="module")
+def camunda8_project(run_compose: RunCompose, repo_root: Path) -> dict[str, Any]:
+    """The project with the camunda8 profile on, as Compose resolves it."""
+    result = run_compose(repo_root, "--profile", "camunda8", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    resolved: dict[str, Any] = json.loads(result.stdout)
+    return resolved
+
+
+def test_the_camunda8_profile_adds_a_camunda_and_a_worker_wired_to_it_and_nothing_else(
+    services: dict[str, Any], camunda8_project: dict[str, Any]
+) -> None:
+    assert "camunda" not in services and "worker-camunda8" not in services  # off without the profile
+    added = set(camunda8_project["services"]) - set(services)
+    assert added == {"camunda", "worker-camunda8"}
+    camunda = camunda8_project["services"]["camunda"]
+    assert camunda["image"].startswith("camunda/camunda:") and "9600" in " ".join(camunda["healthcheck"]["test"])
+    worker = camunda8_project["services"]["worker-camunda8"]
+    env = worker["environment"]
+    assert json.loads(env["CORRELATION_CORRELATORS"])["*"]["type"] == "camunda8"
+    assert env["CAMUNDA_REST_ADDRESS"] == "http://camunda:8080/v2" and env["CAMUNDA_AUTH_STRATEGY"] == "NONE"
+    assert worker["depends_on"]["camunda"]["condition"] == "service_healthy"
+    assert worker["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert env["CORRELATION_DATABASE__URL"] == services["worker-1"]["environment"]["CORRELATION_DATABASE__URL"]

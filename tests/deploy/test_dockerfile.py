@@ -71,7 +71,10 @@ def test_builder_installs_the_project_as_a_wheel_into_the_virtualenv(
     builder_runs = " ".join(_values(stages[0], "RUN"))
     assert "-m venv /opt/venv" in builder_runs
     assert "pip wheel" in builder_runs
-    assert "/opt/venv/bin/pip install /wheels/" in builder_runs
+    assert 'wheel="$(ls /wheels/*.whl)"' in builder_runs
+    # The wheel with the extras of the EXTRAS build argument (camunda8 by default; empty: the bare package).
+    assert '/opt/venv/bin/pip install "${wheel}${EXTRAS:+[$EXTRAS]}"' in builder_runs
+    assert "EXTRAS=camunda8" in " ".join(_values(stages[0], "ARG"))
 
 
 def test_runtime_stage_installs_no_compiler_or_build_dependency(stages: list[list[dict[str, Any]]]) -> None:

@@ -31,7 +31,7 @@ FULLNAME = f"{RELEASE}-correlation-worker"
 KUBERNETES_VERSIONS = ("1.25.0", "latest")
 CRD_API_GROUPS = ("monitoring.coreos.com/",)
 # Values files under the chart's ci/ folder (the chart-testing convention): each one a supported install.
-CI_VALUES = ["url-values.yaml", "existing-secret-values.yaml", "servicemonitor-values.yaml"]
+CI_VALUES = ["url-values.yaml", "existing-secret-values.yaml", "servicemonitor-values.yaml", "camunda8-values.yaml"]
 
 Manifest = dict[str, Any]
 
@@ -470,3 +470,46 @@ def test_service_monitor_scrapes_the_metrics_port_of_the_service(
     assert endpoint["path"] == "/metrics"
     assert endpoint["interval"] == values["serviceMonitor"]["interval"]
     assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+
+
+# --- Camunda 8 ------------------------------------------------------------------------------------------------
+
+
+def test_camunda_settings_become_the_sdks_variables_and_credentials_come_from_the_existing_secret(
+    render: Callable[..., list[Manifest]], values_file: Callable[[str], dict[str, Any]]
+) -> None:
+    env = _env(_only(render(values_file("camunda8-values.yaml")), "Deployment"))
+    assert env["CAMUNDA_REST_ADDRESS"]["value"] == "http://camunda-zeebe-gateway:8080/v2"
+    assert env["CAMUNDA_AUTH_STRATEGY"]["value"] == "OAUTH"
+    assert env["CAMUNDA_TOKEN_AUDIENCE"]["value"] == "orchestration-api"
+    assert env["CAMUNDA_TENANT_ID"]["value"] == "shop-eu"
+    assert env["CAMUNDA_OAUTH_URL"]["value"].startswith("http://camunda-keycloak/")
+    for name, key in (("CAMUNDA_CLIENT_ID", "client-id"), ("CAMUNDA_CLIENT_SECRET", "client-secret")):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "camunda-credentials", "key": key}
+        assert "value" not in env[name]
+    assert "CAMUNDA_BASIC_AUTH_PASSWORD" not in env
+    assert json.loads(env["CORRELATION_CORRELATORS"]["value"]) == {"*": {"type": "camunda8", "mode": "publish"}}
+
+
+def test_basic_auth_reads_user_and_password_from_the_secret_and_no_camunda_setting_means_no_variable(
+    render: Callable[..., list[Manifest]], url_values: dict[str, Any], default_manifests: list[Manifest]
+) -> None:
+    values = {**url_values, "camunda": {"authStrategy": "BASIC", "existingSecret": "camunda-basic",
+                                        "existingSecretKeys": {"username": "user", "password": "pass"}}}
+    env = _env(_only(render(values), "Deployment"))
+    assert env["CAMUNDA_BASIC_AUTH_USERNAME"]["valueFrom"]["secretKeyRef"] == {"name": "camunda-basic", "key": "user"}
+    assert env["CAMUNDA_BASIC_AUTH_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "camunda-basic", "key": "pass"}
+    assert "CAMUNDA_CLIENT_SECRET" not in env and "CAMUNDA_REST_ADDRESS" not in env
+    assert not [name for name in _env(_only(default_manifests, "Deployment")) if name.startswith("CAMUNDA_")]
+    job = _only(default_manifests, "Job")  # the migration needs no engine
+    assert not [name for name in _env(job) if name.startswith("CAMUNDA_")]
+
+
+@pytest.mark.parametrize(
+    "camunda", [{"authStrategy": "KERBEROS"}, {"restAddress": "camunda:8080"}, {"clientSecret": "inline"}]
+)
+def test_schema_refuses_a_bad_camunda_setting_or_an_inline_secret(
+    chart: Any, url_values: dict[str, Any], camunda: dict[str, Any]
+) -> None:
+    with pytest.raises(Exception, match="camunda"):
+        chart.render({**url_values, "camunda": camunda}, name=RELEASE, namespace=NAMESPACE, is_install=True)

@@ -147,3 +147,33 @@ Environment of the worker and of the migration Job. Argument: dict "ctx" $ "secr
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/*
+The Camunda SDK's variables for the camunda8 correlator: plain settings as values, credentials from the existing
+Secret (OAUTH: client id and secret; BASIC: user name and password).
+*/}}
+{{- define "correlation-worker.camundaEnv" -}}
+{{- $c := .Values.camunda -}}
+{{- range $name, $value := dict "CAMUNDA_REST_ADDRESS" $c.restAddress "CAMUNDA_AUTH_STRATEGY" $c.authStrategy "CAMUNDA_OAUTH_URL" $c.oauthUrl "CAMUNDA_TOKEN_AUDIENCE" $c.tokenAudience "CAMUNDA_TENANT_ID" $c.tenantId }}
+{{- if $value }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+{{- if $c.existingSecret }}
+{{- $keys := $c.existingSecretKeys }}
+{{- $pairs := list }}
+{{- if eq $c.authStrategy "BASIC" }}
+{{- $pairs = list (list "CAMUNDA_BASIC_AUTH_USERNAME" $keys.username) (list "CAMUNDA_BASIC_AUTH_PASSWORD" $keys.password) }}
+{{- else }}
+{{- $pairs = list (list "CAMUNDA_CLIENT_ID" $keys.clientId) (list "CAMUNDA_CLIENT_SECRET" $keys.clientSecret) }}
+{{- end }}
+{{- range $pairs }}
+- name: {{ index . 0 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $c.existingSecret }}
+      key: {{ index . 1 }}
+{{- end }}
+{{- end }}
+{{- end }}
