@@ -32,6 +32,7 @@ from worker.engine.scheduler import Scheduler, SchedulerConfig
 from worker.redact import redact_url
 from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import Metrics
+from worker.service.tracing import Tracing, add_trace_ids
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,12 @@ class Worker:
         self.replica_id = replica_id or replica_identity(settings.replica.name)
         self.store = store or Store.from_settings(settings.database)
         self.metrics = metrics or Metrics()
+        # Traces (the otel extra, OTEL_* variables): before the routes, whose httpx clients it instruments.
+        self.tracing = Tracing.from_environment(
+            replica=self.replica_id, producer_context=settings.tracing.producer_context
+        )
+        if self.tracing is not None:
+            add_trace_ids(text=settings.log.format == "text")
         self.router = Router.from_settings(settings.correlators)
         self.heartbeat = Heartbeat()
         self.stopping = threading.Event()
@@ -96,7 +103,8 @@ class Worker:
         # file waits instead of correlating the same hints).
         self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
         self.engine = Engine(
-            self.store, self.router, settings, self.leaser, self.metrics, self.replica_id, tick=self.heartbeat.tick
+            self.store, self.router, settings, self.leaser, self.metrics, self.replica_id, tick=self.heartbeat.tick,
+            tracing=self.tracing,
         )
         self.leaser.in_use = self.engine.slots_in_use
         self.leaser.on_acquired = self.engine.wake
@@ -116,7 +124,9 @@ class Worker:
             self.store, "gauges", self.replica_id, singleton_lease(settings.metrics.gauges_interval)
         )
         # Schedules (DESIGN.md §7): every replica runs the scheduler; fire times are claimed in the database.
-        self.scheduler = Scheduler(self.store, SchedulerConfig.from_settings(settings.scheduler), self.metrics)
+        self.scheduler = Scheduler(
+            self.store, SchedulerConfig.from_settings(settings.scheduler), self.metrics, tracing=self.tracing
+        )
         self.endpoint: Endpoint | None = None
         # The console (API and pages) on the endpoint, with a store of its own (its statement timeout).
         self.console = (
@@ -335,6 +345,8 @@ class Worker:
             self.gauges_lock.release()
             self._close_endpoint()
             self.store.close()
+            if self.tracing is not None:
+                self.tracing.shutdown()  # the spans still buffered are sent
             logger.info("replica %s stopped", self.replica_id)
         return self.exit_code
 
