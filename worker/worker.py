@@ -36,6 +36,9 @@ from worker.service.tracing import Tracing, add_trace_ids
 
 logger = logging.getLogger(__name__)
 
+# The console's charts show the last day: samples older than that (and an hour) leave.
+SAMPLE_RETENTION = timedelta(hours=25)
+
 STARTUP_RETRY = 2.0  # seconds between attempts to reach the database at startup
 HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while they wait
 
@@ -395,10 +398,18 @@ class Worker:
             alive()
 
     def _gauges(self) -> None:
+        census = None
         if self.gauges_lock.acquire():
-            self.gauges.run_once()
+            census = self.gauges.run_once()
         else:  # another replica reports the table; do not export stale copies of its numbers
             self.gauges.clear()
+        # The console's charts: every replica's calls by outcome, and the census from its holder.
+        self.store.samples_record(
+            self.replica_id, self.engine.lanes.tally(), None if census is None else census.counts,
+            None if census is None else self.store.messages_last_id(),
+        )
+        if census is not None:
+            self.store.samples_prune(SAMPLE_RETENTION)
 
     def _cleanup(self) -> None:
         if not self.cleanup_lock.acquire():
