@@ -20,13 +20,12 @@ def census(ready: int, dead: int = 0) -> StateCounts:
 
 def backdate(store: Store, seconds: float) -> None:
     """Move every sample ``seconds`` into the past (as if written then)."""
+    if store.dialect == "postgresql":
+        moved = f"taken_at - interval '{seconds} seconds'"
+    else:
+        moved = f"strftime('%Y-%m-%d %H:%M:%f000', taken_at, '-{seconds} seconds')"
     with store.engine.begin() as connection:
-        if store.dialect == "postgresql":
-            connection.execute(text(f"UPDATE correlation_sample SET taken_at = taken_at - interval '{seconds} seconds'"))
-        else:
-            connection.execute(text(
-                f"UPDATE correlation_sample SET taken_at = strftime('%Y-%m-%d %H:%M:%f000', taken_at, '-{seconds} seconds')"
-            ))
+        connection.execute(text(f"UPDATE correlation_sample SET taken_at = {moved}"))
 
 
 def test_replicas_write_their_counts_and_the_holder_the_census(any_store: Store) -> None:
