@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, tuple_
 from sqlalchemy.engine import Connection
 
 from worker.db.base import StateCounts, StoreBase
@@ -79,8 +79,9 @@ class SampleStatements(StoreBase):
             oldest = (
                 select(c.taken_at, c.replica).where(c.taken_at < cutoff).order_by(c.taken_at).limit(chunk).subquery()
             )
+            # By the whole key: rows of several replicas may share a moment (SQLite keeps milliseconds).
             statement = delete(sample_table).where(
-                c.taken_at.in_(select(oldest.c.taken_at)), c.taken_at < cutoff
+                tuple_(c.taken_at, c.replica).in_(select(oldest.c.taken_at, oldest.c.replica))
             )
             return int(connection.execute(statement).rowcount or 0)
 
