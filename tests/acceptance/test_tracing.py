@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from harness import Database, StartWorker, wait_until
 
-from tests.engines import Answer, FakeCamunda7
+from tests.engines import Answer, FakeCamunda7, FakeCamunda8
 from tests.otlp import OtlpReceiver, ReceivedSpan
 
 FAST = {"poll__interval": "PT0.1S", "policy__backoff_unit": "PT0.1S"}
@@ -141,3 +141,27 @@ def test_without_an_exporter_no_span_is_made_and_nothing_is_sent(
     wait_until(lambda: pg_db.gone(row_id), what="correlated", workers=[process])
     process.stop()  # a tracing process sends what it buffered at shutdown: nothing may come
     assert receiver.spans == [] and "trace_id=" not in process.log() and "tracing on" not in process.log()
+
+
+def test_the_camunda8_correlator_carries_the_context_through_the_sdks_client(
+    pg_db: Database, start_worker: StartWorker, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = FakeCamunda8()
+    try:
+        for name, value in cluster.env().items():
+            monkeypatch.setenv(name, value)
+        route = {"type": "camunda8", "mode": "publish"}
+        process = start_worker(pg_db, correlators=json.dumps({"*": route}), **FAST)
+        trace_id, span_id, traceparent = producer_context()
+        row_id = insert(pg_db, "order.created", "o-1", {"traceparent": traceparent})
+        wait_until(lambda: pg_db.gone(row_id), what="published", workers=[process])
+        call = wait_until(lambda: receiver.named("process order.created"), what="the call span")[0]
+        assert call.links == [(trace_id, span_id)]
+        client = wait_until(
+            lambda: [s for s in receiver.spans if s.kind == "SPAN_KIND_CLIENT" and s.parent_span_id == call.span_id],
+            what="the SDK request's client span",
+        )[0]
+        sent = cluster.recorded(FakeCamunda8.PUBLISH)[-1].headers["traceparent"]
+        assert sent.split("-")[1:3] == [call.trace_id, client.span_id]
+    finally:
+        cluster.close()
