@@ -595,6 +595,13 @@ class ShutdownSettings(_Section):
     grace: Duration = timedelta(seconds=30)
 
 
+class TracingSettings(_Section):
+    """OpenTelemetry traces (the ``otel`` extra), configured by the SDK's ``OTEL_*`` variables; this only says how
+    a message's producer context (its ``traceparent`` header) relates to the call span."""
+
+    producer_context: Literal["link", "parent"] = "link"
+
+
 class SchedulerSettings(_Section):
     """Schedules (DESIGN.md §7): rows of ``correlation_schedule`` whose Quartz cron publishes messages.
 
@@ -672,6 +679,7 @@ class Settings(BaseSettings):
     shutdown: ShutdownSettings = ShutdownSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     admin: AdminSettings = AdminSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @field_validator("correlators", "policies", mode="before")
     @classmethod

@@ -32,8 +32,12 @@ from worker.engine.scheduler import Scheduler, SchedulerConfig
 from worker.redact import redact_url
 from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import Metrics
+from worker.service.tracing import Tracing, add_trace_ids
 
 logger = logging.getLogger(__name__)
+
+# The console's charts show the last day: samples older than that (and an hour) leave.
+SAMPLE_RETENTION = timedelta(hours=25)
 
 STARTUP_RETRY = 2.0  # seconds between attempts to reach the database at startup
 HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while they wait
@@ -85,6 +89,12 @@ class Worker:
         self.replica_id = replica_id or replica_identity(settings.replica.name)
         self.store = store or Store.from_settings(settings.database)
         self.metrics = metrics or Metrics()
+        # Traces (the otel extra, OTEL_* variables): before the routes, whose httpx clients it instruments.
+        self.tracing = Tracing.from_environment(
+            replica=self.replica_id, producer_context=settings.tracing.producer_context
+        )
+        if self.tracing is not None:
+            add_trace_ids(text=settings.log.format == "text")
         self.router = Router.from_settings(settings.correlators)
         self.heartbeat = Heartbeat()
         self.stopping = threading.Event()
@@ -96,7 +106,8 @@ class Worker:
         # file waits instead of correlating the same hints).
         self.leaser = SlotLeaser(self.store, self.replica_id, lease_config(settings), self.metrics)
         self.engine = Engine(
-            self.store, self.router, settings, self.leaser, self.metrics, self.replica_id, tick=self.heartbeat.tick
+            self.store, self.router, settings, self.leaser, self.metrics, self.replica_id, tick=self.heartbeat.tick,
+            tracing=self.tracing,
         )
         self.leaser.in_use = self.engine.slots_in_use
         self.leaser.on_acquired = self.engine.wake
@@ -116,7 +127,9 @@ class Worker:
             self.store, "gauges", self.replica_id, singleton_lease(settings.metrics.gauges_interval)
         )
         # Schedules (DESIGN.md §7): every replica runs the scheduler; fire times are claimed in the database.
-        self.scheduler = Scheduler(self.store, SchedulerConfig.from_settings(settings.scheduler), self.metrics)
+        self.scheduler = Scheduler(
+            self.store, SchedulerConfig.from_settings(settings.scheduler), self.metrics, tracing=self.tracing
+        )
         self.endpoint: Endpoint | None = None
         # The console (API and pages) on the endpoint, with a store of its own (its statement timeout).
         self.console = (
@@ -335,6 +348,8 @@ class Worker:
             self.gauges_lock.release()
             self._close_endpoint()
             self.store.close()
+            if self.tracing is not None:
+                self.tracing.shutdown()  # the spans still buffered are sent
             logger.info("replica %s stopped", self.replica_id)
         return self.exit_code
 
@@ -383,10 +398,18 @@ class Worker:
             alive()
 
     def _gauges(self) -> None:
+        census = None
         if self.gauges_lock.acquire():
-            self.gauges.run_once()
+            census = self.gauges.run_once()
         else:  # another replica reports the table; do not export stale copies of its numbers
             self.gauges.clear()
+        # The console's charts: every replica's calls by outcome, and the census from its holder.
+        self.store.samples_record(
+            self.replica_id, self.engine.lanes.tally(), None if census is None else census.counts,
+            None if census is None else self.store.messages_last_id(),
+        )
+        if census is not None:
+            self.store.samples_prune(SAMPLE_RETENTION)
 
     def _cleanup(self) -> None:
         if not self.cleanup_lock.acquire():

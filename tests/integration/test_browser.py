@@ -7,10 +7,12 @@ Every step is checked in the database as well as on the page, and every page is 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +323,62 @@ def test_an_operator_disables_a_schedule_fires_it_by_hand_and_switches_the_sched
     audit = db.rows("SELECT actor, via, action FROM correlation_audit ORDER BY id")
     assert [row["action"] for row in audit] == ["schedules.disable", "schedules.fire", "scheduler.disable"]
     assert {(row["actor"], row["via"]) for row in audit} == {("admin", "ui")}
+
+
+def test_the_overview_charts_draw_what_the_samples_hold_and_move_when_messages_flow(
+    browser: WebDriver, console_url: str, pg_url: str
+) -> None:
+    db = Database(pg_url)
+    driver = browser
+
+    base = db.rows("SELECT now() AS now")[0]["now"]  # one clock reading: the intervals are exact
+
+    def sample(seconds_ago: int, replica: str, success: int, **census: float) -> None:
+        columns = ["taken_at", "replica", "success", *census]
+        values = ", ".join(["%s", "%s", "%s", *["%s"] * len(census)])
+        db.rows(f"INSERT INTO correlation_sample ({', '.join(columns)}) VALUES ({values})",
+                (base - timedelta(seconds=seconds_ago), replica, success, *census.values()))
+
+    # Twenty minutes of history (the picture), then two replicas' counts 30 s apart, the census holder (pod-a)
+    # adding the backlog and the id sequence: the newest step's values are known exactly.
+    a_calls = b_calls = inserted = retries = 0
+    for n in range(80, 2, -1):
+        wave = 1 + (n % 20) / 10
+        a_calls, b_calls, inserted = a_calls + int(150 * wave), b_calls + int(90 * wave), inserted + int(260 * wave)
+        retries += n % 4
+        sample(40 + n * 15, "pod-a-1", a_calls, inserted_total=inserted, ready=int(40 * wave), waiting=3,
+               paused=0, dead_messages=n // 30, expired=0, retry=retries,
+               oldest_eligible_seconds=wave * 4)
+        sample(40 + n * 15, "pod-b-2", b_calls)
+    sample(40, "pod-a-1", 0, inserted_total=100, ready=2, waiting=0, paused=0, dead_messages=0, expired=0)
+    sample(40, "pod-b-2", 0)
+    sample(10, "pod-a-1", 600, inserted_total=1000, ready=12, waiting=1, paused=0, dead_messages=3, expired=0)
+    sample(10, "pod-b-2", 300)
+    log_in(driver, console_url, READ)
+
+    def latest(chart: str) -> dict[str, Any]:
+        figure = driver.find_element(By.ID, chart)
+        raw = figure.get_attribute("data-latest")
+        return json.loads(raw) if raw else {}
+
+    wait(driver, lambda d: latest("chart-throughput").get("correlated/s") is not None, "the throughput chart")
+    for chart in ("chart-throughput", "chart-failures", "chart-backlog", "chart-oldest", "chart-replicas"):
+        figure = driver.find_element(By.ID, chart)
+        assert figure.find_elements(By.CSS_SELECTOR, "canvas"), f"{chart} has no canvas"
+    assert latest("chart-throughput") == {"inserted/s": 30.0, "correlated/s": 30.0}  # 900 in 30 s each
+    assert latest("chart-backlog")["ready"] == 12 and latest("chart-backlog")["dead"] == 3
+    assert latest("chart-replicas") == {"pod-a-1": 20.0, "pod-b-2": 10.0}
+    driver.execute_script("document.getElementById('charts').scrollIntoView();")
+    shoot(driver, "10-charts")
+
+    # Messages flow: a newer sample, and the charts follow without a reload.
+    driver.execute_script("window.__notReloaded = true;")
+    sample(0, "pod-a-1", 1500, inserted_total=1900, ready=0, waiting=0, paused=0, dead_messages=3, expired=0)
+    wait(driver, lambda d: latest("chart-backlog").get("ready") == 0, "the backlog chart to move")
+    assert latest("chart-throughput")["correlated/s"] != 30.0
+    assert driver.execute_script("return window.__notReloaded === true;")
+
+    # The last 24 hours, at coarser steps.
+    driver.find_element(By.CSS_SELECTOR, "#charts button[data-window='24h']").click()
+    wait(driver, lambda d: d.find_element(By.ID, "charts").get_attribute("data-window") == "24h", "the day window")
+    assert latest("chart-backlog")["ready"] == 0

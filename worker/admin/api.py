@@ -104,6 +104,11 @@ def api_application(console: Console) -> Starlette:
             console.correlated,
         )
 
+    async def charts(request: Request, _caller: Caller) -> Any:
+        """GET /charts?window=1h|24h: the overview's chart series."""
+        window = request.query_params.get("window", "1h")
+        return await run_in_threadpool(overview.charts, store, window, console.sample_interval)
+
     async def list_messages(request: Request, _caller: Caller) -> Any:
         """GET /messages: a keyset page under the filters."""
         wanted, after, limit = messages.parse_listing(dict(request.query_params))
@@ -220,6 +225,7 @@ def api_application(console: Console) -> Starlette:
 
     routes = [
         Route("/status", guarded(status), methods=["GET"]),
+        Route("/charts", guarded(charts), methods=["GET"]),
         Route("/messages", guarded(list_messages), methods=["GET"]),
         Route("/messages/{action}", guarded(bulk), methods=["POST"]),
         Route("/messages/{reference:path}", guarded(one_message), methods=["GET"]),

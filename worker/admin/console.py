@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from worker.admin.auth import Auth
 from worker.admin.overview import Throughput
@@ -32,6 +33,7 @@ class Console:
     mode: Mode
     settings: AdminSettings
     correlated: Callable[[], float] | None = None  # this replica's successful calls so far (throughput)
+    sample_interval: timedelta = timedelta(seconds=15)  # how often the charts' samples are taken
     auth: Auth = field(init=False)
     throughput: Throughput = field(default_factory=Throughput)
 
@@ -42,7 +44,7 @@ class Console:
     def from_settings(cls, settings: Settings, correlated: Callable[[], float] | None = None) -> Console:
         """A console on a store of its own for these settings."""
         store = Store.from_settings(console_database(settings))
-        return cls(store, settings.policy.mode, settings.admin, correlated)
+        return cls(store, settings.policy.mode, settings.admin, correlated, settings.metrics.gauges_interval)
 
     def close(self) -> None:
         """Close the console's connections."""

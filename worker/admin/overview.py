@@ -8,11 +8,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from worker.admin.errors import BadRequest
 from worker.config import Mode
 from worker.db.store import Store
 from worker.engine.leases import MEMBER_PREFIX, SLOT_PREFIX
+from worker.policy.charts import WINDOWS, series, step_for
 
 OLDEST_BUDGET = 10  # hints per slot looked at for the oldest eligible message (beyond: a lower bound)
 RATE_WINDOW = 60.0  # seconds over which throughput is averaged
@@ -122,3 +125,14 @@ def overview(
         "mode": mode.value,
         "database_time": census.now.isoformat(),
     }
+
+
+def charts(store: Store, window: str, sample_interval: timedelta) -> dict[str, Any]:
+    """The charts' series over ``window`` (``1h`` or ``24h``) from the samples every replica reads alike
+    (``GET /api/v1/charts`` and the overview's charts): see :mod:`worker.policy.charts`."""
+    span = WINDOWS.get(window)
+    if span is None:
+        raise BadRequest(f"window {window!r} is not one of {', '.join(WINDOWS)}")
+    now, samples = store.samples_read(span + sample_interval * 2)  # the rows just before the window set baselines
+    step = step_for(span, sample_interval)
+    return {"window": window, "now": now.isoformat(), **series(samples, now, span, step)}

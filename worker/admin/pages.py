@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -35,6 +35,7 @@ from worker.db.store import DatabaseBusy, DatabaseUnavailable, MessageFilter
 HERE = Path(__file__).resolve().parent
 FLASH_COOKIE = "cw_flash"
 REFRESH_MS = 2000  # how often the overview refreshes itself
+CHARTS_MS = 5000  # how often its charts read their series again
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
      b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
@@ -230,11 +231,17 @@ def pages_application(console: Console) -> Starlette:
     async def overview_page(request: Request, session: Session, _form: FormData | None) -> Response:
         data = await run_in_threadpool(read_overview)
         return render(request, "overview.html", session, title="Overview", section="overview", data=data,
-                      refresh_ms=REFRESH_MS)
+                      refresh_ms=REFRESH_MS, charts_ms=CHARTS_MS,
+                      sample_seconds=round(console.sample_interval.total_seconds(), 1))
 
     async def overview_live(request: Request, session: Session, _form: FormData | None) -> Response:
         data = await run_in_threadpool(read_overview)
         return render(request, "_overview_body.html", session, data=data)
+
+    async def overview_charts(request: Request, session: Session, _form: FormData | None) -> Response:
+        window = request.query_params.get("window", "1h")
+        data = await run_in_threadpool(overview.charts, store, window, console.sample_interval)
+        return JSONResponse(data, headers={"Cache-Control": "no-store"})
 
     # -- messages ---------------------------------------------------------------------------------------------
 
@@ -408,6 +415,7 @@ def pages_application(console: Console) -> Starlette:
         Route("/logout", page(logout), methods=["POST"]),
         Route("/", page(overview_page), methods=["GET"]),
         Route("/overview/live", page(overview_live), methods=["GET"]),
+        Route("/overview/charts", page(overview_charts), methods=["GET"]),
         Route("/messages", page(messages_page), methods=["GET"]),
         Route("/messages/{row_id:int}/{action}", page(message_action, write=True), methods=["POST"]),
         Route("/messages/{reference:path}", page(message_page), methods=["GET"]),

@@ -188,6 +188,26 @@ call_table = Table(
 )
 
 
+sample_table = Table(
+    "correlation_sample",
+    metadata,
+    Column("taken_at", UtcDateTime, primary_key=True),
+    Column("replica", Text, primary_key=True),
+    Column("success", BigInteger, nullable=False),
+    Column("retry", BigInteger, nullable=False),
+    Column("buffered", BigInteger, nullable=False),
+    Column("rescheduled", BigInteger, nullable=False),
+    Column("dead", BigInteger, nullable=False),
+    Column("inserted_total", BigInteger),
+    Column("ready", BigInteger),
+    Column("waiting", BigInteger),
+    Column("paused", BigInteger),
+    Column("dead_messages", BigInteger),
+    Column("expired", BigInteger),
+    Column("oldest_eligible_seconds", Float),
+)
+
+
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
     """An alembic configuration pointing at the migrations shipped in the package."""
     config = Config()

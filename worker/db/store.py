@@ -36,6 +36,7 @@ from worker.db.errors import (
 from worker.db.fetch import FetchStatements
 from worker.db.locks import HOLDER_MAX_LENGTH, LockStatements
 from worker.db.messages import MessageStatements
+from worker.db.samples import SampleStatements
 from worker.db.schedules import ScheduleStatements
 from worker.db.schedules import metadata as schedule_metadata
 from worker.db.schema import SLOT_COUNT, head_revision, metadata
@@ -44,7 +45,10 @@ from worker.db.schema import SLOT_COUNT, head_revision, metadata
 _TEXT_TABLES = {"correlation_session_end": ("nonce_digest", "expires_at")}
 
 
-class Store(ConsoleStatements, MessageStatements, FetchStatements, CallStatements, LockStatements, ScheduleStatements):
+class Store(
+    ConsoleStatements, MessageStatements, FetchStatements, CallStatements, LockStatements, ScheduleStatements,
+    SampleStatements,
+):
     """Every statement correlation-worker runs, on one engine."""
 
     def __init__(self, engine: Engine) -> None:

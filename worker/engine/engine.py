@@ -58,6 +58,7 @@ from worker.policy.batching import cut_batch
 from worker.policy.horizon import Horizon, Pin, PinClock, horizon
 from worker.policy.outcomes import LostCallOutcome, settle_lost_call
 from worker.service.metrics import Metrics
+from worker.service.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ class Engine:
         holder: str = "",
         monotonic: Callable[[], float] = time.monotonic,
         tick: Callable[[], None] = lambda: None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -187,7 +189,7 @@ class Engine:
         self.committer = Committer(store, self.metrics, self._lease_lost, monotonic)
         self.lanes = Lanes(
             router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
-            on_taken=self._room, monotonic=monotonic, held_back=self.held_back,
+            on_taken=self._room, monotonic=monotonic, held_back=self.held_back, tracing=tracing,
         )
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}

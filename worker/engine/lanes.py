@@ -40,6 +40,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -63,6 +64,7 @@ from worker.policy.outcomes import (
 )
 from worker.service.logs import log_fields
 from worker.service.metrics import Metrics
+from worker.service.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +170,10 @@ class Lanes:
         on_taken: Callable[[], None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
         held_back: Callable[[Message], bool] = lambda message: False,
+        tracing: Tracing | None = None,
     ) -> None:
         self.router = router
+        self.tracing = tracing  # None: no spans, nothing of OpenTelemetry imported
         self.settings = settings
         self.mode: Mode = settings.policy.mode
         self.committer = committer
@@ -595,31 +599,39 @@ class Lanes:
                         "delivering message %s again (%d earlier call(s) not recorded)", message.id,
                         message.lost_calls, extra=_fields(message),
                     )
-                error, result = self._call(message)
-                elapsed = self._monotonic() - started
-                disposition = (
-                    Disposition(message.id, Kind.DELETE, message.attempt, result=result)
-                    if error is None
-                    else resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
-                )
-                with self._cond:
-                    if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
-                        return
-                    lane.current = None
-                    lane.done.append((message, disposition))
-                work.called += 1
-                durations.append(elapsed)
-                if error is None:
-                    _log_success(message, disposition, elapsed)
-                else:
-                    if isinstance(error, AuthProblem):
-                        self.metrics.target_auth_failures.labels(message.name).inc()
-                    _log_failure(message, disposition, error)
-                    if self.mode is Mode.FAIL_FIRST:
-                        lane.unmark.extend(run[index + 1 :])
-                        work.pending.clear()
-                        work.stopped = True
-                        return
+                with self.tracing.call(message) if self.tracing else nullcontext() as span:
+                    error, result = self._call(message)
+                    elapsed = self._monotonic() - started
+                    disposition = (
+                        Disposition(message.id, Kind.DELETE, message.attempt, result=result)
+                        if error is None
+                        else resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
+                    )
+                    if span is not None:
+                        timed_out = lane.abandoned
+                        span.outcome(
+                            "timeout" if timed_out else disposition.outcome,
+                            HandlerTimeout("the call outlasted its handler timeout") if timed_out else error,
+                        )
+                    # The outcome's log line is written inside the span: it carries the span's ids.
+                    with self._cond:
+                        if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
+                            return
+                        lane.current = None
+                        lane.done.append((message, disposition))
+                    work.called += 1
+                    durations.append(elapsed)
+                    if error is None:
+                        _log_success(message, disposition, elapsed)
+                    else:
+                        if isinstance(error, AuthProblem):
+                            self.metrics.target_auth_failures.labels(message.name).inc()
+                        _log_failure(message, disposition, error)
+                        if self.mode is Mode.FAIL_FIRST:
+                            lane.unmark.extend(run[index + 1 :])
+                            work.pending.clear()
+                            work.stopped = True
+                            return
         finally:
             if durations:
                 self._observe(run[0].name, durations)

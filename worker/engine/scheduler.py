@@ -34,8 +34,9 @@ from worker.db.errors import MessageRejected, ValueRefused
 from worker.db.schedules import FireOutcome, Schedule
 from worker.db.store import DatabaseUnavailable, Store
 from worker.policy.cron import CronError, CronExpression, parse_schedulable
-from worker.policy.scheduling import DEFAULT_CHUNK_LIMIT, plan_due
+from worker.policy.scheduling import DEFAULT_CHUNK_LIMIT, FirePlan, plan_due
 from worker.service.metrics import Metrics
+from worker.service.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,10 @@ def _content(schedule: Schedule) -> tuple[Any, ...]:
 class Scheduler:
     """Publishes due schedules' messages: :meth:`run_once` once, :meth:`run` until told to stop."""
 
-    def __init__(self, store: Store, config: SchedulerConfig, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, store: Store, config: SchedulerConfig, metrics: Metrics | None = None, tracing: Tracing | None = None
+    ) -> None:
+        self.tracing = tracing  # a publish span per fire, its context in the published messages' headers
         self.store = store
         self.config = config
         self.metrics = metrics or Metrics()
@@ -180,7 +184,7 @@ class Scheduler:
                     chunk_limit=self.config.chunk_limit,
                 )
                 try:
-                    outcome = self.store.schedule_fire(schedule, plan, zone)
+                    outcome = self._fire(schedule, plan, zone)
                 except (MessageRejected, ValueRefused) as error:
                     # Nothing was written; the schedule waits for an edit instead of failing every run.
                     reason = f"its message cannot be published: {error}"
@@ -203,6 +207,12 @@ class Scheduler:
         self.metrics.schedules_invalid.set(invalid)
         next_due = min(next_fire.values(), default=None)
         return SchedulerResult(True, len(schedules), published, skips, misfires, invalid, lost, now, next_due)
+
+    def _fire(self, schedule: Schedule, plan: FirePlan, zone: ZoneInfo) -> FireOutcome:
+        if self.tracing is None:
+            return self.store.schedule_fire(schedule, plan, zone)
+        with self.tracing.publish(schedule.message_name, schedule.name) as context:
+            return self.store.schedule_fire(replace(schedule, headers={**schedule.headers, **context}), plan, zone)
 
     def pause_after(self, result: SchedulerResult) -> timedelta:
         """How long to wait before the next run: until the next fire time, at most the reload interval."""
