@@ -49,7 +49,7 @@ class Answer:
     raw: str | None = None
 
 
-class _Server:
+class LoopbackServer:
     """A threaded loopback HTTP server calling ``self.handle(method, path, body_bytes, headers)``."""
 
     def __init__(self) -> None:
@@ -101,7 +101,7 @@ def problem(status: int, title: str, detail: str, instance: str = "") -> dict[st
     return {"type": "about:blank", "title": title, "status": status, "detail": detail, "instance": instance}
 
 
-class FakeCamunda8(_Server):
+class FakeCamunda8(LoopbackServer):
     """Camunda 8's REST API for messages, with optional OAuth or basic auth and tenants."""
 
     CORRELATE = "/v2/messages/correlation"
@@ -256,7 +256,7 @@ class FakeCamunda8(_Server):
         return 200, {"tenantId": tenant, "messageKey": message_key}, {}
 
 
-class FakeCamunda7(_Server):
+class FakeCamunda7(LoopbackServer):
     """Camunda 7 / Operaton's ``POST /engine-rest/message``, with optional basic auth."""
 
     MESSAGE = "/engine-rest/message"

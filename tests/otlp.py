@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import gzip
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -14,6 +12,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from tests.engines import LoopbackServer
 
 
 def _value(value: AnyValue) -> Any:
@@ -37,37 +37,19 @@ class ReceivedSpan:
     resource: dict[str, Any] = field(default_factory=dict)
 
 
-class OtlpReceiver:
+class OtlpReceiver(LoopbackServer):
     """Collects the spans exporters send; the endpoint to give them is :attr:`url`."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.spans: list[ReceivedSpan] = []
-        receiver = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    raw = gzip.decompress(raw)
-                if self.path == "/v1/traces":
-                    receiver.take(ExportTraceServiceRequest.FromString(raw))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def handle(self, path: str, raw: bytes, headers: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
+        if headers.get("Content-Encoding") == "gzip":
+            raw = gzip.decompress(raw)
+        if path == "/v1/traces":
+            self.take(ExportTraceServiceRequest.FromString(raw))
+        return 200, ExportTraceServiceResponse().SerializeToString(), {"Content-Type": "application/x-protobuf"}
 
     def take(self, request: ExportTraceServiceRequest) -> None:
         """Decode one export into spans."""
@@ -98,6 +80,3 @@ class OtlpReceiver:
         with self.lock:
             return [span for span in self.spans if span.name == name]
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
