@@ -227,7 +227,9 @@ class FakeCamunda8(LoopbackServer):
                 return 400, {"error": "invalid_request", "error_description": "unknown audience"}, {}
             token = f"token-{self.token_requests}"
             self.tokens[token] = time.monotonic() + self.token_lifetime
-            answer = {"access_token": token, "token_type": "Bearer", "expires_in": int(self.token_lifetime)}
+            lifetime = self.token_lifetime
+            expires_in = int(lifetime) if lifetime == lifetime and float(lifetime).is_integer() else lifetime  # NaN too
+            answer = {"access_token": token, "token_type": "Bearer", "expires_in": expires_in}
             return 200, answer, {}
 
     def _correlate(self, body: dict[str, Any], tenant: str) -> tuple[int, Any, dict[str, str]]:

@@ -866,3 +866,15 @@ def load_settings(**overrides: Any) -> Settings:
             detail = twice.group(0) if twice else "the value is not valid JSON"
             raise ConfigError(f"invalid setting {name}: {detail}") from None
         raise ConfigError(f"invalid configuration: {error}") from None
+
+
+def secret_from_environment(spec: Mapping[str, Any], key: str, setting: str) -> str:
+    """The value of the environment variable a correlator route names under ``key`` (``token_env``,
+    ``password_env``, ``client_secret_env``): the secret never sits in the route itself."""
+    name = spec.get(key)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"invalid setting {setting}: auth needs '{key}', the name of an environment variable")
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"invalid setting {setting}: auth '{key}' names {name}, which is not set or empty")
+    return value

@@ -17,6 +17,15 @@ COUNTER_MAX = 1_000_000_000  # attempt, reschedule_count, lost_calls: correlatio
 NEXT_ATTEMPT_MAX = datetime(9999, 12, 30, tzinfo=UTC)
 
 
+def thaw(value: Any) -> Any:
+    """Read-only payload and header values (mappings, tuples) back to plain JSON-ready dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(key): thaw(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw(item) for item in value]
+    return value
+
+
 class MessageState(StrEnum):
     """The ``state`` column. Waiting for a retry is ``ready`` with a future ``next_attempt_at``."""
 

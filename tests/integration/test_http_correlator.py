@@ -311,3 +311,15 @@ def test_routes_build_http_correlators_and_refuse_bad_specs() -> None:
         Router.from_settings({"*": {"type": "http"}})
     with pytest.raises(ConfigError, match="preset"):
         Router.from_settings({"*": {"type": "http", "url": "http://x", "preset": "zeebe"}})
+
+
+def test_a_token_whose_lifetime_cannot_be_read_serves_one_call_only() -> None:
+    issuer = FakeCamunda8(auth="OAUTH")
+    try:
+        tokens = ClientCredentials(issuer.oauth_url, issuer.client_id, issuer.client_secret, audience=issuer.audience)
+        issuer.token_lifetime = float("nan")  # the endpoint answers "expires_in": NaN
+        tokens.header()
+        tokens.header()
+        assert issuer.token_requests == 2
+    finally:
+        issuer.close()

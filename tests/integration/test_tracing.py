@@ -163,3 +163,18 @@ def test_off_by_default_without_importing_the_sdk(monkeypatch: pytest.MonkeyPatc
     for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     assert Tracing.from_environment(replica="r") is None
+
+
+def test_an_exception_whose_text_cannot_be_read_still_ends_its_span_with_the_outcome(
+    exported: InMemorySpanExporter,
+) -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    with tracing(exported).call(message(1)) as span:
+        span.outcome("retry", Unprintable())
+    [call] = exported.get_finished_spans()
+    assert call.status.status_code is StatusCode.ERROR and call.attributes is not None
+    assert call.attributes["error.type"] == "Unprintable"
+    assert [event.name for event in call.events] == ["exception"]

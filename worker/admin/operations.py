@@ -14,21 +14,13 @@ from worker.admin.errors import AdminError
 from worker.config import Mode, format_duration
 from worker.db.store import MessageFilter, StateCounts, Store
 from worker.engine.leases import SLOT_PREFIX
-from worker.message import Message
+from worker.message import Message, thaw
 
 __all__ = ["AdminError", "message_as_dict", "require_selection", "status"]
 
 
 def message_as_dict(message: Message) -> dict[str, Any]:
     """A message as JSON-ready data, under the column names operators query."""
-
-    def thaw(value: Any) -> Any:
-        if hasattr(value, "items"):
-            return {k: thaw(v) for k, v in value.items()}
-        if isinstance(value, tuple):
-            return [thaw(v) for v in value]
-        return value
-
     return {
         "id": message.id,
         "message_id": message.message_id,

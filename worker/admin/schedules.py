@@ -17,6 +17,7 @@ from worker.db.schedules import NewSchedule, Schedule, ScheduleRejected
 from worker.db.schema import HINT_MAX_LENGTH
 from worker.db.store import Store
 from worker.engine.scheduler import compile_schedule, load_zone
+from worker.message import thaw
 from worker.policy.cron import CronError, parse_schedulable
 from worker.policy.scheduling import FireAction, MisfirePolicy
 
@@ -30,14 +31,6 @@ def _iso(value: datetime | None, zone: tzinfo | None = None) -> str | None:
     if value is None:
         return None
     return (value.astimezone(zone) if zone else value).isoformat()
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _thaw(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_thaw(item) for item in value]
-    return value
 
 
 def _zone_or_utc(schedule: Schedule) -> tzinfo:
@@ -93,8 +86,8 @@ def schedule_show(store: Store, name: str, count: int = NEXT_FIRE_TIMES) -> dict
     shown = schedule_summary(schedule)
     shown.update(
         scheduler_enabled=store.scheduler_is_enabled(),
-        payload=_thaw(schedule.payload),
-        headers=_thaw(schedule.headers),
+        payload=thaw(schedule.payload),
+        headers=thaw(schedule.headers),
         created_at=_iso(schedule.created_at),
         last_skipped_at=_iso(schedule.last_skipped_at, _zone_or_utc(schedule)),
         last_message_id=schedule.last_message_id,

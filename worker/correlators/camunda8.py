@@ -43,8 +43,8 @@ from typing import Any
 import httpx
 
 from worker.config import ConfigError, parse_duration
-from worker.correlators.http import BODY_HEAD, ClientCredentials, json_ready, retry_after
-from worker.message import Message
+from worker.correlators.http import BODY_HEAD, ClientCredentials, answer_object, retry_after
+from worker.message import Message, thaw
 from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry, storable_text
 from worker.redact import redact_text, redact_url
 
@@ -191,7 +191,7 @@ class Camunda8Correlator:
 
     def body(self, message: Message) -> dict[str, Any]:
         """The request of the REST contract for this message."""
-        payload = json_ready(message.payload)
+        payload = thaw(message.payload)
         variables = payload if isinstance(payload, dict) else ({} if payload is None else {"payload": payload})
         body: dict[str, Any] = {"name": message.name, "correlationKey": message.hint, "variables": variables}
         tenant = message.headers.get("tenantId")
@@ -257,11 +257,7 @@ class Camunda8Correlator:
             provider.tokens.forget(refused.request.headers.get("Authorization", ""))
 
     def _result(self, response: httpx.Response, body: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        answer = answer if isinstance(answer, Mapping) else {}
+        answer = answer_object(response) or {}
         result = {
             key: str(answer[key])  # Camunda 8 keys are strings (64-bit numbers): kept as strings
             for key in ("processInstanceKey", "messageKey")
@@ -287,11 +283,8 @@ class Camunda8Correlator:
 
 def _problem(response: httpx.Response) -> tuple[str, str]:
     """The problem detail (RFC 9457) of an error answer: its title and detail (or the head of the text)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return "", response.text[:BODY_HEAD]
-    if not isinstance(body, Mapping):
+    body = answer_object(response)
+    if body is None:
         return "", response.text[:BODY_HEAD]
     title, detail = body.get("title"), body.get("detail")
     return (title if isinstance(title, str) else ""), (detail if isinstance(detail, str) else "")

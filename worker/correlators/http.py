@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,8 +37,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from worker.config import ConfigError, parse_duration
-from worker.message import Message
+from worker.config import ConfigError, parse_duration, secret_from_environment
+from worker.message import Message, thaw
 from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry, storable_text
 from worker.redact import redact_text, redact_url
 
@@ -46,26 +46,6 @@ NOT_WAITING_MARKERS = ("no process definition or execution matches",)
 BODY_HEAD = 500
 # The largest response body kept as a call's result.
 RESULT_BODY_LIMIT = 64 * 1024
-
-
-def json_ready(value: Any) -> Any:
-    """Read-only payload values back to JSON-ready ones."""
-    if isinstance(value, Mapping):
-        return {str(k): json_ready(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [json_ready(v) for v in value]
-    return value
-
-
-def _secret(spec: Mapping[str, Any], key: str, setting: str) -> str:
-    """The value of the environment variable a route names under ``key`` (the secret never sits in the spec)."""
-    name = spec.get(key)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"invalid setting {setting}: auth needs '{key}', the name of an environment variable")
-    value = os.environ.get(name)
-    if not value:
-        raise ConfigError(f"invalid setting {setting}: auth '{key}' names {name}, which is not set or empty")
-    return value
 
 
 # A token is fetched again this long (or a tenth of its lifetime, if shorter) before it expires.
@@ -131,7 +111,8 @@ class ClientCredentials:
             raise Retry(f"the token endpoint {shown} answered 200 without an access_token") from None
         if not isinstance(token, str) or not token:
             raise Retry(f"the token endpoint {shown} answered 200 without an access_token")
-        return token, lifetime
+        # An unreadable lifetime (NaN, infinite) would keep the token forever: it is used for this call only.
+        return token, lifetime if math.isfinite(lifetime) else 0.0
 
     def close(self) -> None:
         """Close the token endpoint's connection pool."""
@@ -159,12 +140,12 @@ def build_auth(auth: object, setting: str) -> Auth:
                 f"invalid setting {setting}: {key!r} is not a key of {kind} auth; its keys: {', '.join(sorted(known))}"
             )
     if kind == "bearer":
-        return f"Bearer {_secret(auth, 'token_env', setting)}"
+        return f"Bearer {secret_from_environment(auth, 'token_env', setting)}"
     if kind == "basic":
         username = auth.get("username")
         if not isinstance(username, str) or not username or ":" in username:
             raise ConfigError(f"invalid setting {setting}: basic auth needs a 'username' without ':'")
-        pair = f"{username}:{_secret(auth, 'password_env', setting)}".encode()
+        pair = f"{username}:{secret_from_environment(auth, 'password_env', setting)}".encode()
         return f"Basic {base64.b64encode(pair).decode()}"
     token_url, client_id = auth.get("token_url"), auth.get("client_id")
     if not isinstance(token_url, str) or not token_url.startswith(("http://", "https://")):
@@ -175,7 +156,7 @@ def build_auth(auth: object, setting: str) -> Auth:
         if not isinstance(auth.get(key, ""), str):
             raise ConfigError(f"invalid setting {setting}: oauth2 auth's {key!r} must be text")
     return ClientCredentials(
-        token_url, client_id, _secret(auth, "client_secret_env", setting),
+        token_url, client_id, secret_from_environment(auth, "client_secret_env", setting),
         scope=auth.get("scope"), audience=auth.get("audience"),
     )
 
@@ -187,14 +168,20 @@ AUTH_KEYS = {
 }
 
 
-def _problem(response: httpx.Response) -> str:
-    """What an error answer says: a problem+json or Camunda 7 body's type/title and detail/message, else the
-    head of its text."""
+def answer_object(response: httpx.Response) -> Mapping[str, Any] | None:
+    """An answer's body when it is a JSON object (a problem detail, a Camunda answer), else None."""
     try:
         body = response.json()
     except ValueError:
-        body = None
-    if isinstance(body, Mapping):
+        return None
+    return body if isinstance(body, Mapping) else None
+
+
+def _problem(response: httpx.Response) -> str:
+    """What an error answer says: a problem+json or Camunda 7 body's type/title and detail/message, else the
+    head of its text."""
+    body = answer_object(response)
+    if body is not None:
         parts = [str(body[key]) for key in ("title", "type", "error", "detail", "message", "error_description")
                  if isinstance(body.get(key), str | int) and body.get(key) != ""]
         if parts:
@@ -238,8 +225,8 @@ def generic_body(message: Message) -> dict[str, Any]:
         "messageId": message.message_id,
         "messageName": message.name,
         "correlationHint": message.hint,
-        "payload": json_ready(message.payload),
-        "headers": json_ready(message.headers),
+        "payload": thaw(message.payload),
+        "headers": thaw(message.headers),
         "createdAt": message.created_at.isoformat(),
         "attempt": message.attempt,
     }
@@ -251,7 +238,7 @@ def camunda7_body(message: Message, *, correlate_all: bool = False, without_tena
     The ``tenantId`` and ``processInstanceId`` headers narrow the correlation; without a ``tenantId`` header,
     ``without_tenant`` asks for definitions and executions that belong to no tenant.
     """
-    payload = json_ready(message.payload)
+    payload = thaw(message.payload)
     variables = payload if isinstance(payload, dict) else {"payload": payload}
     body: dict[str, Any] = {
         "messageName": message.name,
@@ -260,7 +247,7 @@ def camunda7_body(message: Message, *, correlate_all: bool = False, without_tena
         "all": correlate_all,
         "resultEnabled": True,
     }
-    headers = json_ready(message.headers)
+    headers = thaw(message.headers)
     if isinstance(headers.get("tenantId"), str) and headers["tenantId"]:
         body["tenantId"] = headers["tenantId"]
     elif without_tenant:

@@ -177,7 +177,11 @@ class CallSpan:
             return
         error_type = "timeout" if outcome == "timeout" else type(error).__name__
         self.span.set_attribute("error.type", error_type)
-        self.span.record_exception(error, attributes={"correlation_worker.outcome": outcome})
+        try:
+            self.span.record_exception(error, attributes={"correlation_worker.outcome": outcome})
+        except Exception:  # an exception whose str() fails: the span says what it can, the call's outcome stands
+            attributes = {"exception.type": type(error).__name__, "correlation_worker.outcome": outcome}
+            self.span.add_event("exception", attributes)
         if outcome != "rescheduled":  # not yet is no error: the process was not waiting
             self.span.set_status(Status(StatusCode.ERROR, f"{outcome}: {type(error).__name__}"))
 
