@@ -178,3 +178,12 @@ def test_an_exception_whose_text_cannot_be_read_still_ends_its_span_with_the_out
     assert call.status.status_code is StatusCode.ERROR and call.attributes is not None
     assert call.attributes["error.type"] == "Unprintable"
     assert [event.name for event in call.events] == ["exception"]
+
+
+def test_an_exporter_name_the_worker_does_not_know_is_named_and_no_tracing_starts(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    with caplog.at_level(logging.INFO, logger="worker.service.tracing"):
+        assert Tracing.from_environment(replica="r") is None
+    assert "'zipkin' is not known here" in caplog.text and "tracing on" not in caplog.text

@@ -70,15 +70,16 @@ class Tracing:
                 "pip install 'correlation-worker[otel]'; no traces are sent"
             )
             return None
+        exporters = {name: exporter for name in wanted if (exporter := _exporter(name)) is not None}
+        if not exporters:  # each name said why it was refused: no spans would go anywhere
+            return None
         attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "correlation-worker"}
         provider = TracerProvider(resource=Resource.create(attributes))  # the sampler from OTEL_TRACES_SAMPLER
-        for name in wanted:
-            exporter = _exporter(name)
-            if exporter is not None:
-                provider.add_span_processor(BatchSpanProcessor(exporter))
+        for exporter in exporters.values():
+            provider.add_span_processor(BatchSpanProcessor(exporter))
         tracing = cls(provider, replica=replica, producer_context=producer_context)
         tracing.instrument_httpx()
-        logger.info("tracing on: spans go to %s", ", ".join(wanted))
+        logger.info("tracing on: spans go to %s", ", ".join(exporters))
         return tracing
 
     def instrument_httpx(self) -> None:
