@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 
 from worker.config import DatabaseSettings
 from worker.db.store import Store, build_engine
+from worker.message import MessageState
 
 TEST_URL_ENV = "CORRELATION_TEST_DATABASE_URL"
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -267,3 +268,9 @@ def _current_request(request: pytest.FixtureRequest) -> Iterator[None]:
 def stop_at_teardown(stop: Callable[[], None]) -> None:
     """Call ``stop`` when the running test ends, before its fixtures (its database) are torn down."""
     _REQUEST[-1].node.addfinalizer(stop)  # the item's stack: runs before the fixtures set up earlier
+
+
+def left(store: Store, row_id: int) -> bool:
+    """True once the message left the table: deleted, or kept as its delivery record (state delivered)."""
+    message = store.messages_get(row_id)
+    return message is None or message.state is MessageState.DELIVERED

@@ -108,6 +108,7 @@ def _with_store(action: Callable[[Store], Any]) -> Any:
             "(it creates it), or fix CORRELATION_DATABASE__URL"
         )
     store = Store.from_settings(settings.database)
+    store.keep_delivery_records(settings.delivery.retention, "cli")
     try:
         revision = store.schema_revision()
         if revision is None:

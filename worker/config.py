@@ -175,6 +175,7 @@ DURATION_BOUNDS: Bounds = {
     "poll.interval": (timedelta(milliseconds=100), DAY, "a shorter poll keeps a core busy on an empty table"),
     "cleanup.initial_delay": (timedelta(0), DAY, ""),
     "cleanup.interval": (timedelta(milliseconds=100), DAY, "a shorter interval runs cleanup in a busy loop"),
+    "delivery.retention": (timedelta(0), timedelta(days=3660), ""),
     "metrics.gauges_interval": (timedelta(milliseconds=100), DAY, "a shorter interval counts the table in a busy loop"),
     "lease.duration": (SECOND, timedelta(hours=1), "a dead replica's slots wait this long for a new holder"),
     "lease.renew_interval": (timedelta(milliseconds=100), timedelta(minutes=20), ""),
@@ -320,6 +321,15 @@ class CleanupSettings(_Section):
     initial_delay: Duration = timedelta(minutes=1)
     interval: Duration = timedelta(minutes=1)
     chunk_size: int = Field(default=1000, ge=1, le=100_000)
+
+
+class DeliverySettings(_Section):
+    """How long a message that left the table (correlated, expired, deleted) is kept as a record, its
+    ``message_id`` refused meanwhile (the deduplication window). ``PT0S``: no record, no window."""
+
+    _bounds: ClassVar[Bounds] = _bounds_of("delivery")
+
+    retention: Duration = timedelta(days=7)
 
 
 
@@ -667,6 +677,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = DatabaseSettings()
     poll: PollSettings = PollSettings()
     cleanup: CleanupSettings = CleanupSettings()
+    delivery: DeliverySettings = DeliverySettings()
     policy: Policy = Policy()
     policies: dict[str, PolicyOverride] = Field(default_factory=dict)
     correlators: dict[str, Route] = Field(default_factory=_default_routes)

@@ -32,6 +32,22 @@ class MessageState(StrEnum):
     READY = "ready"
     PAUSED = "paused"
     DEAD = "dead"
+    # Left the table (correlated, expired or deleted): kept as a record for the delivery retention.
+    DELIVERED = "delivered"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How a message left the table, kept on its record (state ``delivered``) for the delivery retention.
+
+    ``outcome`` is ``correlated``, ``expired`` or ``deleted`` (by an operator); ``result`` is the correlator's
+    answer on success (decoded JSON, or None); ``finished_by`` the replica (or operator) that recorded it.
+    """
+
+    outcome: str
+    finished_at: datetime
+    finished_by: str | None = None
+    result: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +75,7 @@ class Message:
     slot: int
     lost_calls: int = 0
     crashed_calls: int = 0
+    delivery: Delivery | None = None  # on a record (state ``delivered``) only
 
     @property
     def redelivered(self) -> bool:

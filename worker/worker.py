@@ -118,7 +118,8 @@ class Worker:
         )
         # The leases are kept until the engine has stopped (a call may run through the shutdown grace).
         self.leases_done = threading.Event()
-        self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics)
+        self.store.keep_delivery_records(settings.delivery.retention, self.replica_id)
+        self.cleanup = Cleanup(self.store, settings.cleanup, self.metrics, settings.delivery.retention)
         self.gauges = Gauges(self.store, self.metrics, settings.policy.mode)
         self.cleanup_lock = SingletonLock(
             self.store, "cleanup", self.replica_id, singleton_lease(settings.cleanup.interval)
@@ -417,3 +418,5 @@ class Worker:
         result = self.cleanup.run_once()
         if result.expired_removed:
             logger.info("cleanup removed %d expired messages", result.expired_removed)
+        if result.records_removed:
+            logger.info("cleanup removed %d delivery records past their retention", result.records_removed)

@@ -100,17 +100,22 @@ class Database:
         """Close the test's connection."""
 
     def message(self, row_id: int) -> dict[str, Any] | None:
-        """One row of correlation_message, or None once it is gone."""
-        rows = self.execute(f"SELECT * FROM correlation_message WHERE id = {int(row_id)}")
+        """One message of correlation_message, or None once it is gone (a delivery record is not a message)."""
+        rows = self.execute(f"SELECT * FROM correlation_message WHERE id = {int(row_id)} AND state <> 'delivered'")
+        return rows[0] if rows else None
+
+    def record(self, row_id: int) -> dict[str, Any] | None:
+        """The delivery record of a message that left the table (state delivered), or None."""
+        rows = self.execute(f"SELECT * FROM correlation_message WHERE id = {int(row_id)} AND state = 'delivered'")
         return rows[0] if rows else None
 
     def messages(self) -> list[dict[str, Any]]:
-        """Every row of correlation_message, in id order."""
-        return self.execute("SELECT * FROM correlation_message ORDER BY id")
+        """Every message of correlation_message (delivery records apart), in id order."""
+        return self.execute("SELECT * FROM correlation_message WHERE state <> 'delivered' ORDER BY id")
 
     def gone(self, *row_ids: int) -> bool:
-        """True when none of these messages is in the table any more."""
-        present = {row["id"] for row in self.execute("SELECT id FROM correlation_message")}
+        """True when none of these messages is in the table any more (a delivery record is not a message)."""
+        present = {row["id"] for row in self.execute("SELECT id FROM correlation_message WHERE state <> 'delivered'")}
         return not present.intersection(row_ids)
 
     def calls_of(self, *row_ids: int) -> list[Call]:

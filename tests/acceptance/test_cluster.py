@@ -66,7 +66,7 @@ def insert_messages(database: Database, hints: int, per_hint: int, **payload: ob
 
 def remaining(database: Database) -> int:
     """Messages still in the table."""
-    return int(database.execute("SELECT count(*) AS n FROM correlation_message")[0]["n"])
+    return int(database.execute("SELECT count(*) AS n FROM correlation_message WHERE state <> 'delivered'")[0]["n"])
 
 
 def database_now(database: Database) -> datetime:

@@ -243,10 +243,18 @@ def test_pause_resume_and_delete_by_ids_hint_state_and_all(client: TestClient, s
     assert post(client, "/api/v1/messages/resume", {"ids": [a[0], a[1]]})["affected"] == 2
     assert [state_of(store, i) for i in a] == ["ready", "ready", "paused"]
     assert post(client, "/api/v1/messages/delete", {"state": "dead", "dry_run": True})["matching"] == 1
-    assert post(client, "/api/v1/messages/delete", {"state": "dead"})["affected"] == 1 and state_of(store, b) is None
-    assert post(client, "/api/v1/messages/delete", {"all": True})["affected"] == 3
+    assert post(client, "/api/v1/messages/delete", {"state": "dead"})["affected"] == 1
+    deleted = get(client, f"/api/v1/messages/{b}")  # kept as its delivery record, deleted by the token's name
+    assert (deleted["state"], deleted["outcome"], deleted["payload"]) == ("delivered", "deleted", {})
+    assert deleted["finished_by"] and deleted["finished_at"]
+    assert post(client, "/api/v1/messages/delete", {"all": True})["affected"] == 3  # records are not live messages
+    assert {state_of(store, i) for i in a} == {"delivered"}
+    assert post(client, "/api/v1/messages/delete", {"state": "delivered"})["affected"] == 4  # records removed
+    assert {state_of(store, i) for i in [*a, b]} == {None}
     actions = [entry["action"] for entry in get(client, "/api/v1/audit")["items"]]
-    assert actions == ["messages.delete", "messages.delete", "messages.resume", "messages.pause"]
+    assert actions == [
+        "messages.delete", "messages.delete", "messages.delete", "messages.resume", "messages.pause"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import stop_at_teardown
+from tests.conftest import left, stop_at_teardown
 from worker.config import Settings
 from worker.correlators import Router
 from worker.db.store import MessageFilter, NewMessage, Store
@@ -223,7 +223,7 @@ def test_a_message_without_route_is_dead_with_a_reason_naming_it(any_store: Stor
     routed = send(any_store, "a", 1, name="known")
     orphan = send(any_store, "b", 1, name="unknown.name")
     make_poller(any_store, recorder, routes={"known": recorder}).run_once()
-    assert any_store.messages_get(routed) is None
+    assert left(any_store, routed)
     message = any_store.messages_get(orphan)
     assert message is not None and message.state is MessageState.DEAD
     assert "unknown.name" in (message.last_error or "") and "CORRELATION_CORRELATORS" in (message.last_error or "")
@@ -327,7 +327,7 @@ def test_what_a_handler_returns_decides_its_outcome(any_store: Store) -> None:
     ids = {hint: send(any_store, hint, 1) for hint in answers}
     make_poller(any_store, lambda message: answers[message.hint]).run_once()
 
-    assert any_store.messages_get(ids["none"]) is None and any_store.messages_get(ids["true"]) is None
+    assert left(any_store, ids["none"]) and left(any_store, ids["true"])
     retried = any_store.messages_get(ids["false"])
     assert retried is not None and retried.state is MessageState.READY and retried.attempt == 1
     assert retried.last_error is not None and "returned False" in retried.last_error

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from tests.conftest import left
 from worker.db.calls import FlushOutcome, LostCall, MarkRequest, SlotWrite
 from worker.db.store import Fence, InvalidLockName, LockRow, NewMessage, Store
 from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, settle_lost_call
@@ -221,7 +222,7 @@ def test_the_outcome_of_a_call_marked_under_the_current_term_is_written(any_stor
     mark(any_store, fence, message_id)
     outcome = record(any_store, fence, Disposition(message_id, Kind.DELETE, 0))
     assert outcome.fenced == frozenset() and outcome.written == {message_id}
-    assert any_store.messages_get(message_id) is None and any_store.calls_in_flight() == []
+    assert left(any_store, message_id) and any_store.calls_in_flight() == []
 
 
 def test_no_call_is_marked_under_a_term_that_ended(any_store: Store) -> None:
@@ -264,8 +265,8 @@ def test_a_flush_writes_the_outcomes_of_calls_still_marked_and_nothing_of_those_
         SlotWrite(1, old, (Disposition(lost_id, Kind.DELETE, 0),)),
     ])
     assert outcome.fenced == {lost_id} and outcome.written == {kept_id}
-    assert any_store.messages_get(kept_id) is None
-    assert any_store.messages_get(lost_id) is not None
+    assert left(any_store, kept_id)
+    assert not left(any_store, lost_id)
 
 
 def test_the_outcome_of_a_call_is_written_after_its_term_ended_while_no_one_took_the_call_over(
@@ -283,7 +284,7 @@ def test_the_outcome_of_a_call_is_written_after_its_term_ended_while_no_one_took
         else:
             assert any_store.lock_release(fence)
         assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).written == {message_id}
-        assert any_store.messages_get(message_id) is None
+        assert left(any_store, message_id)
 
 
 def test_an_outcome_of_a_call_never_marked_is_not_written_under_a_term(any_store: Store) -> None:
@@ -291,7 +292,7 @@ def test_an_outcome_of_a_call_never_marked_is_not_written_under_a_term(any_store
     fence = any_store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
     assert record(any_store, fence, Disposition(message_id, Kind.DELETE, 0)).fenced == {message_id}
-    assert any_store.messages_get(message_id) is not None
+    assert not left(any_store, message_id)
 
 
 def test_a_fenced_commit_holds_off_a_takeover_until_it_commits(store: Store) -> None:

@@ -277,11 +277,13 @@ class Deadlocked(Store):
         super().__init__(store.engine)
         self.chunks = chunks
 
-    def console_bulk_chunk(self, action: str, selection: MessageFilter, *, after: int, chunk: int) -> Chunk:
+    def console_bulk_chunk(
+        self, action: str, selection: MessageFilter, *, after: int, chunk: int, by: str = ""
+    ) -> Chunk:
         if self.chunks == 0:
             raise DatabaseBusy("database busy (deadlock): deadlock detected")
         self.chunks -= 1
-        return super().console_bulk_chunk(action, selection, after=after, chunk=chunk)
+        return super().console_bulk_chunk(action, selection, after=after, chunk=chunk, by=by)
 
 
 def test_a_bulk_action_stopped_part_way_says_what_it_did_and_why_it_stopped(any_store: Store) -> None:

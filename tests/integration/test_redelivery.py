@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import text
 
-from tests.conftest import stop_at_teardown
+from tests.conftest import left, stop_at_teardown
 from tests.integration.test_slot_leases import leaser
 from worker.config import Settings
 from worker.correlators import Router
@@ -314,7 +314,7 @@ def test_no_call_starts_beside_a_message_delivered_again_until_its_outcome_is_ha
 
     def handler(message: Message) -> None:
         if message.id != lost:
-            lost_row_at_calls.append(store.messages_get(lost) is not None)
+            lost_row_at_calls.append(not left(store, lost))
 
     settings = Settings(poll={"interval": "PT1S", "concurrency": 4}, metrics={"enabled": False})
     engine = Engine(store, Router({"*": handler}), settings, heir, Metrics(), heir.holder)
@@ -356,9 +356,9 @@ def test_a_session_holding_the_row_of_a_message_delivered_again_delays_its_hint_
     assert wait_until(lambda: set(others) <= set(calls)), "the other hints were called while the row stayed locked"
     assert wait_until(lambda: behind in calls) and calls.index(lost) < calls.index(behind), "its hint, in order"
     assert wait_until(lambda: in_flight(store) == {lost: "returned"}), "its call is over; its outcome waits"
-    assert store.messages_get(lost) is not None
+    assert not left(store, lost)
     session.rollback()
-    assert wait_until(lambda: store.messages_get(lost) is None)
+    assert wait_until(lambda: left(store, lost))
     assert calls.count(lost) == 1 and in_flight(store) == {}
 
 
@@ -519,9 +519,9 @@ def test_a_term_taken_again_by_the_same_replica_starts_no_call_of_the_ended_term
     holder.lost(slot, old)  # a late write of the ended term: the term held now stays
     assert holder.fence(slot) == new
     resume.set()
-    assert wait_until(lambda: store.messages_get(second) is None, 10)
+    assert wait_until(lambda: left(store, second), 10)
     assert [message_id for message_id, _ in calls] == [first, second], "each called once, in order"
-    assert store.messages_get(first) is None and in_flight(store) == {}
+    assert left(store, first) and in_flight(store) == {}
     assert metrics.redeliveries._value.get() == 0 and holder.fence(slot) == new
 
 
@@ -551,5 +551,5 @@ def test_a_message_whose_hint_is_changed_while_its_call_runs_is_not_called_again
     time.sleep(1.0)  # several polls and fetches of every slot pass: none may call it again
     assert calls == [moved]
     resume.set()
-    assert wait_until(lambda: store.messages_get(moved) is None)
+    assert wait_until(lambda: left(store, moved))
     assert calls == [moved] and in_flight(store) == {}

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from tests.conftest import left
 from worker.config import Mode
 from worker.db.calls import FlushOutcome, SlotWrite
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store
@@ -153,7 +154,7 @@ def test_recording_results_deletes_successes_and_updates_failures(any_store: Sto
         Disposition(failed, Kind.RETRY, 1, next_attempt_at=now + timedelta(minutes=1), last_error="boom"),
         Disposition(dead, Kind.DEAD, 5, last_error="gave up"),
     )
-    assert any_store.messages_get(done) is None
+    assert left(any_store, done)
     retry = any_store.messages_get(failed)
     assert retry is not None and retry.attempt == 1 and retry.last_error == "boom"
     assert retry.next_attempt_at is not None and abs(retry.next_attempt_at - now - timedelta(minutes=1)) < timedelta(

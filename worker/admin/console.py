@@ -44,6 +44,7 @@ class Console:
     def from_settings(cls, settings: Settings, correlated: Callable[[], float] | None = None) -> Console:
         """A console on a store of its own for these settings."""
         store = Store.from_settings(console_database(settings))
+        store.keep_delivery_records(settings.delivery.retention, "console")
         return cls(store, settings.policy.mode, settings.admin, correlated, settings.metrics.gauges_interval)
 
     def close(self) -> None:

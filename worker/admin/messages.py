@@ -259,7 +259,7 @@ def bulk(
     affected, after = 0, 0
     try:
         while effective is not None:
-            done = store.console_bulk_chunk(action, effective, after=after, chunk=chunk)
+            done = store.console_bulk_chunk(action, effective, after=after, chunk=chunk, by=caller.name)
             affected += done.changed
             if done.last_id is None:
                 break

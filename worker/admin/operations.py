@@ -37,6 +37,18 @@ def message_as_dict(message: Message) -> dict[str, Any]:
         "payload": thaw(message.payload),
         "headers": thaw(message.headers),
         "last_error": message.last_error,
+        **delivery_as_dict(message),
+    }
+
+
+def delivery_as_dict(message: Message) -> dict[str, Any]:
+    """How a message left the table, from its delivery record (all None while it is live)."""
+    delivery = message.delivery
+    return {
+        "outcome": None if delivery is None else delivery.outcome,
+        "finished_at": None if delivery is None else delivery.finished_at.isoformat(),
+        "finished_by": None if delivery is None else delivery.finished_by,
+        "result": None if delivery is None else thaw(delivery.result),
     }
 
 

@@ -252,7 +252,7 @@ def pages_application(console: Console) -> Starlette:
         filters = {key: params.get(key, "") for key in
                    ("state", "name", "hint", "message_id", "error", "created_from", "created_to")}
         return render(request, "messages.html", session, title="Messages", section="messages", data=data,
-                      filters=filters, states=["ready", "paused", "dead"])
+                      filters=filters, states=["ready", "paused", "dead", "delivered"])
 
     async def message_page(request: Request, session: Session, _form: FormData | None) -> Response:
         data = await run_in_threadpool(messages.message_detail, store, request.path_params["reference"])

@@ -17,7 +17,7 @@ from worker.config import ConfigError
 from worker.correlators.camunda8 import Camunda8Correlator
 from worker.correlators.http import HttpCorrelator
 from worker.correlators.log import LogCorrelator
-from worker.correlators.python import load_callable
+from worker.correlators.python import TransactionalCorrelator, load_callable
 from worker.message import Message
 from worker.redact import redact_route
 
@@ -55,10 +55,24 @@ class Router:
 # The keys each kind of route takes: any other (a misspelling such as "tiemout") is refused, not ignored.
 ROUTE_KEYS = {
     "log": frozenset({"type"}),
-    "python": frozenset({"type", "handler"}),
+    "python": frozenset({"type", "handler", "target", "transactional"}),
     "http": frozenset({"type", "url", "preset", "timeout", "headers", "auth", "all", "without_tenant_id"}),
     "camunda8": frozenset({"type", "mode", "url", "tenant_id", "time_to_live", "timeout"}),
 }
+
+
+def _python(spec: Mapping[str, Any], setting: str) -> Correlator:
+    """A python route: ``handler`` (or ``target``) names the function; ``transactional`` calls it with the
+    connection of the transaction that records the outcome."""
+    if "handler" in spec and "target" in spec:
+        raise ConfigError(f"invalid setting {setting}: give the function as 'handler' or as 'target', not both")
+    function = str(spec.get("handler", spec.get("target", "")))
+    transactional = spec.get("transactional", False)
+    if not isinstance(transactional, bool):
+        raise ConfigError(f"invalid setting {setting}: 'transactional' is true or false, not {transactional!r}")
+    if not transactional:
+        return load_callable(function, setting)
+    return TransactionalCorrelator(load_callable(function, setting, arguments=2), function)
 
 
 def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
@@ -80,7 +94,7 @@ def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
     if kind == "log":
         return LogCorrelator()
     if kind == "python":
-        return load_callable(str(spec.get("handler", "")), setting)
+        return _python(spec, setting)
     if kind == "http":
         return HttpCorrelator.from_spec(spec, setting)
     if kind == "camunda8":

@@ -223,6 +223,15 @@ class StoreBase:
         self._write_engine = engine.execution_options(sqlite_immediate=True) if self.dialect == "sqlite" else engine
         # Single statements that are their own transaction (no BEGIN/COMMIT round trips).
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # The delivery record (schema revision 0010): a message leaving the table stays as its record (state
+        # 'delivered') unless the retention is PT0S; finished_by names the replica or operator recording it.
+        self.keep_records = True
+        self.finished_by = ""
+
+    def keep_delivery_records(self, retention: timedelta, finished_by: str) -> None:
+        """Keep a record of each message that leaves the table (none with a retention of zero)."""
+        self.keep_records = retention > timedelta(0)
+        self.finished_by = finished_by
 
     def close(self) -> None:
         """Close every pooled connection."""

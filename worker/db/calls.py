@@ -179,11 +179,31 @@ _CALLS_OF_PG = text(
     """
 )
 # Message rows locked, skipping those another session holds (their outcomes are deferred, never waited on).
+# A record (state 'delivered') is a message gone: no outcome is written on it.
 _LOCK_MESSAGES_PG = text(
-    "SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) FOR UPDATE SKIP LOCKED"
+    "SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) AND state <> 'delivered' "
+    "FOR UPDATE SKIP LOCKED"
 )
-_PRESENT_PG = text("SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))")
+_PRESENT_PG = text(
+    "SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) AND state <> 'delivered'"
+)
 _DELETE_MESSAGES_PG = text("DELETE FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))")
+# Correlated messages become their delivery records (schema revision 0010): the payload and headers go, the
+# outcome, the target's answer, the time and the replica stay.
+_RECORD_SET = """
+    state = 'delivered', outcome = 'correlated', finished_at = {now}, finished_by = :by,
+    payload = '{{}}', headers = '{{}}', expires_at = NULL, next_attempt_at = NULL, pause_id = NULL,
+    lost_calls = 0, crashed_calls = 0"""
+_DELIVER_PG = text(
+    f"UPDATE correlation_message SET {_RECORD_SET.format(now='now()')} WHERE id = ANY(CAST(:ids AS bigint[]))"
+)
+_DELIVER_WITH_RESULTS_PG = text(
+    f"""
+    UPDATE correlation_message AS m SET {_RECORD_SET.format(now='now()')}, result = CAST(v.result AS jsonb)
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:results AS text[])) AS v(id, result)
+     WHERE m.id = v.id AND m.id = ANY(CAST(:ids AS bigint[]))
+    """
+)
 # The other outcomes; a message an operator paused meanwhile stays paused.
 _UPDATE_MESSAGES_PG = text(
     """
@@ -227,10 +247,12 @@ _CALL_ONE = {
     "sqlite": text("SELECT state FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence"),
 }
 _LOCK_ONE = {
-    "postgresql": text("SELECT id FROM correlation_message WHERE id = :id FOR UPDATE SKIP LOCKED"),
-    "sqlite": text("SELECT id FROM correlation_message WHERE id = :id"),
+    "postgresql": text(
+        "SELECT id FROM correlation_message WHERE id = :id AND state <> 'delivered' FOR UPDATE SKIP LOCKED"
+    ),
+    "sqlite": text("SELECT id FROM correlation_message WHERE id = :id AND state <> 'delivered'"),
 }
-_PRESENT_ONE = text("SELECT id FROM correlation_message WHERE id = :id")
+_PRESENT_ONE = text("SELECT id FROM correlation_message WHERE id = :id AND state <> 'delivered'")
 _UNMARK_ONE = text("DELETE FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence")
 _RETURNED_ONE = text(
     "UPDATE correlation_call SET state = 'returned' WHERE message_id = :id AND slot = :slot AND fence = :fence"
@@ -239,6 +261,15 @@ _ABANDON_ONE = text(
     "UPDATE correlation_call SET state = 'abandoned' WHERE message_id = :id AND slot = :slot AND fence = :fence"
 )
 _DELETE_ONE = text("DELETE FROM correlation_message WHERE id = :id")
+_DELIVER_ONE = {
+    dialect: text(
+        f"UPDATE correlation_message SET {_RECORD_SET.format(now=now)}, result = {result} WHERE id = :id"
+    )
+    for dialect, now, result in (
+        ("postgresql", "now()", "CAST(:result AS jsonb)"),
+        ("sqlite", "strftime('%Y-%m-%d %H:%M:%f000', 'now')", ":result"),
+    )
+}
 _RECORD_ONE = text(
     """
     UPDATE correlation_message
@@ -260,7 +291,7 @@ _ENDED_CALLS = {
         """
         SELECT c.message_id, c.fence, c.holder, c.run_head, c.state, m.id IS NOT NULL AS present,
                m.message_name, m.lost_calls, m.crashed_calls, m.last_error
-          FROM correlation_call c LEFT JOIN correlation_message m ON m.id = c.message_id
+          FROM correlation_call c LEFT JOIN correlation_message m ON m.id = c.message_id AND m.state <> 'delivered'
          WHERE c.slot = :slot AND c.fence <> :fence
          ORDER BY c.fence, c.run_head, c.message_id
            FOR UPDATE OF c SKIP LOCKED
@@ -270,7 +301,7 @@ _ENDED_CALLS = {
         """
         SELECT c.message_id, c.fence, c.holder, c.run_head, c.state, m.id IS NOT NULL AS present,
                m.message_name, m.lost_calls, m.crashed_calls, m.last_error
-          FROM correlation_call c LEFT JOIN correlation_message m ON m.id = c.message_id
+          FROM correlation_call c LEFT JOIN correlation_message m ON m.id = c.message_id AND m.state <> 'delivered'
          WHERE c.slot = :slot AND c.fence <> :fence
          ORDER BY c.fence, c.run_head, c.message_id
         """
@@ -448,14 +479,30 @@ class CallStatements(LockStatements):
             return set()
         ids = _ints(d.message_id for d in dispositions)
         locked = set(connection.execute(_LOCK_MESSAGES_PG, {"ids": ids}).scalars())
-        done = [d.message_id for d in dispositions if d.kind is Kind.DELETE and d.message_id in locked]
+        done = [d for d in dispositions if d.kind is Kind.DELETE and d.message_id in locked]
         if done:
-            connection.execute(_DELETE_MESSAGES_PG, {"ids": _ints(done)})
+            self._finish_together(connection, done)
         others = [d for d in dispositions if d.kind is not Kind.DELETE and d.message_id in locked]
         if others:
             connection.execute(_UPDATE_MESSAGES_PG, _update_params(others))
         result.written |= locked
         return locked
+
+    def _finish_together(self, connection: Connection, done: Sequence[Disposition]) -> None:
+        """Correlated messages leave the table: as their delivery records, or deleted when none is kept."""
+        if not self.keep_records:
+            connection.execute(_DELETE_MESSAGES_PG, {"ids": _ints(d.message_id for d in done)})
+            return
+        plain = [d.message_id for d in done if d.result is None]
+        if plain:
+            connection.execute(_DELIVER_PG, {"ids": _ints(plain), "by": self.finished_by})
+        answered = [d for d in done if d.result is not None]
+        if answered:
+            connection.execute(
+                _DELIVER_WITH_RESULTS_PG,
+                {"ids": _ints(d.message_id for d in answered), "results": [d.result for d in answered],
+                 "by": self.finished_by},
+            )
 
     def _present_many(self, connection: Connection, ids: set[int]) -> set[int]:
         if not ids:
@@ -514,7 +561,13 @@ class CallStatements(LockStatements):
 
     def _write_one(self, connection: Connection, disposition: Disposition) -> None:
         if disposition.kind is Kind.DELETE:
-            connection.execute(_DELETE_ONE, {"id": disposition.message_id})
+            if not self.keep_records:
+                connection.execute(_DELETE_ONE, {"id": disposition.message_id})
+                return
+            connection.execute(
+                _DELIVER_ONE[self.dialect],
+                {"id": disposition.message_id, "result": disposition.result, "by": self.finished_by},
+            )
             return
         params = {
             "id": disposition.message_id,
@@ -525,6 +578,68 @@ class CallStatements(LockStatements):
             "dead": disposition.kind is Kind.DEAD,
         }
         connection.execute(_RECORD_ONE, params)
+
+    def calls_transact(
+        self,
+        slot: int,
+        fence: Fence | None,
+        disposition: Callable[[Connection], Disposition | None],
+        message_id: int,
+        *,
+        session: Callable[[int | None], None] = lambda pid: None,
+    ) -> str:
+        """Make one call inside the transaction that records its outcome (a transactional correlator).
+
+        The call's row is locked first, only while it is still marked under ``fence``'s term (``fenced``
+        otherwise: the term ended and the slot's next holder counts or has counted it), then the message's row
+        (``busy``: another session holds it; ``gone``: deleted or recorded meanwhile, its mark taken out). Then
+        ``disposition(connection)`` runs the handler on this connection: a success is recorded in the same
+        transaction (``written``: the handler's writes and the outcome commit together); None means the call did
+        not succeed, and everything, the handler's writes too, is rolled back (``failed``: the caller records the
+        failure the usual way). ``session`` is told the PostgreSQL backend running the transaction (None once it
+        is over), so that a call past its timeout can be ended from outside.
+        """
+
+        class _Rollback(Exception):
+            def __init__(self, status: str) -> None:
+                self.status = status
+
+        key = {"id": message_id, "slot": slot, "fence": None if fence is None else fence.fence}
+
+        def work(connection: Connection) -> str:
+            if self.dialect == "postgresql":
+                session(connection.connection.driver_connection.info.backend_pid)  # type: ignore[union-attr]
+            if fence is not None and connection.execute(_CALL_ONE[self.dialect], key).first() is None:
+                raise _Rollback("fenced")
+            if connection.execute(_LOCK_ONE[self.dialect], {"id": message_id}).first() is None:
+                if connection.execute(_PRESENT_ONE, {"id": message_id}).first() is not None:
+                    raise _Rollback("busy")
+                if fence is not None:
+                    connection.execute(_UNMARK_ONE, key)
+                return "gone"
+            outcome = disposition(connection)
+            if outcome is None:
+                raise _Rollback("failed")
+            self._write_one(connection, outcome)
+            if fence is not None:
+                connection.execute(_UNMARK_ONE, key)
+            return "written"
+
+        try:
+            return self._write(work)
+        except _Rollback as rollback:
+            return rollback.status
+        except DBAPIError as error:  # a statement the handler left failed (its transaction aborted), say
+            raise StoreError(f"the transaction of the call did not commit: {error.orig}") from error
+        finally:
+            session(None)
+
+    def session_end(self, pid: int) -> None:
+        """End a PostgreSQL session of this replica's (a transactional call past its timeout): its transaction
+        is rolled back and its locks let go."""
+        if self.dialect == "postgresql":
+            with self._autocommit.connect() as connection:
+                connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
 
     def _unmark_and_abandon(self, connection: Connection, writes: Sequence[SlotWrite]) -> None:
         unmark = [(i, w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.unmark]

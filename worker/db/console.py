@@ -166,6 +166,8 @@ def _conditions(selection: MessageFilter, state: MessageState | None) -> list[Co
         conditions.append(m.correlation_hint == selection.hint)
     if state is not None:
         conditions.append(m.state == state.value)
+    elif not selection.ids:  # the live messages: records only when asked for by state (or by id)
+        conditions.append(m.state != MessageState.DELIVERED.value)
     return conditions
 
 
@@ -394,11 +396,15 @@ class ConsoleStatements(MessageStatements, FetchStatements):
         found = int(self._run(lambda c: c.execute(select(func.count()).select_from(window)).scalar_one()))
         return Bounded(min(found, limit), found > limit)
 
-    def console_bulk_chunk(self, action: str, selection: MessageFilter, *, after: int, chunk: int) -> Chunk:
+    def console_bulk_chunk(
+        self, action: str, selection: MessageFilter, *, after: int, chunk: int, by: str = ""
+    ) -> Chunk:
         """Apply a bulk action (requeue, pause, resume, delete) to the next ``chunk`` matching messages after
         ``after``, in one transaction; replicas holding their slots are woken for requeue, resume and delete.
 
-        ``selection.state`` must already be the state the action changes (None for delete).
+        ``selection.state`` must already be the state the action changes (None for delete). A deleted message
+        becomes its delivery record (outcome ``deleted``, ``by`` the operator) while records are kept; a delete of
+        ``state: delivered`` removes records.
         """
         state = ACTION_STATE[action]
         guard: list[ColumnElement[bool]] = [] if state is None else [m.state == state.value]
@@ -409,7 +415,8 @@ class ConsoleStatements(MessageStatements, FetchStatements):
                 return Chunk(0, None)
             target = [m.id.in_(ids), *guard]
             if action == "delete":
-                changed = self._notify_changed(connection, sa_delete(message_table).where(*target))
+                chosen = MessageFilter(ids=tuple(ids), state=selection.state)
+                changed = self._notify_changed(connection, self.messages_delete_statement(connection, chosen, by))
             elif action == "requeue":
                 statement = (
                     sa_update(message_table)

@@ -31,13 +31,17 @@ _CENSUS_COLUMNS = """
       sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'paused' THEN 1 ELSE 0 END) AS paused,
       sum(CASE WHEN (expires_at IS NULL OR expires_at > :now) AND state = 'dead' THEN 1 ELSE 0 END) AS dead
 """
-_COUNT_BY_STATE = text(f"SELECT {_CENSUS_COLUMNS} FROM correlation_message").bindparams(
-    bindparam("now", type_=UtcDateTime())
-)
+# The live messages, records apart: read through the partial indexes of ready and of paused or dead rows, so
+# that a week of delivery records costs the census nothing.
+_LIVE = """(SELECT message_name, state, expires_at, next_attempt_at FROM correlation_message WHERE state = 'ready'
+         UNION ALL
+         SELECT message_name, state, expires_at, next_attempt_at FROM correlation_message
+          WHERE state IN ('paused', 'dead')) AS live"""
+_COUNT_BY_STATE = text(f"SELECT {_CENSUS_COLUMNS} FROM {_LIVE}").bindparams(bindparam("now", type_=UtcDateTime()))
 
 # The same census per message name, for the backlog gauge (bounded to the largest names by the caller).
 _COUNT_BY_NAME_AND_STATE = text(
-    f"SELECT message_name, {_CENSUS_COLUMNS} FROM correlation_message GROUP BY message_name"
+    f"SELECT message_name, {_CENSUS_COLUMNS} FROM {_LIVE} GROUP BY message_name"
 ).bindparams(bindparam("now", type_=UtcDateTime()))
 
 _DELETE_EXPIRED = text(
@@ -47,6 +51,34 @@ _DELETE_EXPIRED = text(
     )
     """
 ).bindparams(bindparam("now", type_=UtcDateTime()), bindparam("limit", type_=Integer()))
+
+# Expired messages become records (their expires_at goes: a record never expires, it is removed after the
+# retention). Rows another session holds are left for the next run.
+_RECORD_EXPIRED = {
+    dialect: text(
+        f"""
+        UPDATE correlation_message
+           SET state = 'delivered', outcome = 'expired', finished_at = {now}, finished_by = :by,
+               payload = '{{}}', headers = '{{}}', expires_at = NULL, next_attempt_at = NULL, pause_id = NULL
+         WHERE id IN (SELECT id FROM correlation_message WHERE expires_at IS NOT NULL AND expires_at <= :now
+                       LIMIT :limit {lock})
+        """
+    ).bindparams(bindparam("now", type_=UtcDateTime()), bindparam("limit", type_=Integer()))
+    for dialect, now, lock in (
+        ("postgresql", "now()", "FOR UPDATE SKIP LOCKED"),
+        ("sqlite", "strftime('%Y-%m-%d %H:%M:%f000', 'now')", ""),
+    )
+}
+
+# Records past the retention, oldest first, a chunk at a time.
+_DELETE_RECORDS = text(
+    """
+    DELETE FROM correlation_message WHERE id IN (
+        SELECT id FROM correlation_message WHERE state = 'delivered' AND finished_at < :before
+         ORDER BY finished_at LIMIT :limit
+    )
+    """
+).bindparams(bindparam("before", type_=UtcDateTime()), bindparam("limit", type_=Integer()))
 
 _NOTIFY = text("SELECT pg_notify(:channel, :slots)")
 
@@ -61,7 +93,17 @@ def _conditions(selection: MessageFilter) -> list[ColumnElement[bool]]:
         conditions.append(message_table.c.correlation_hint == selection.hint)
     if selection.state is not None:
         conditions.append(message_table.c.state == selection.state.value)
+    elif not selection.ids:  # the live messages: records only when asked for by state (or by id)
+        conditions.append(message_table.c.state != MessageState.DELIVERED.value)
     return conditions
+
+
+def _record_values(outcome: str, by: str, now: Any) -> dict[str, Any]:
+    """A message's row as its delivery record (see schema/ddl/0010)."""
+    return {
+        "state": MessageState.DELIVERED.value, "outcome": outcome, "finished_at": now, "finished_by": by,
+        "payload": {}, "headers": {}, "expires_at": None, "next_attempt_at": None, "pause_id": None,
+    }
 
 
 
@@ -183,14 +225,31 @@ class MessageStatements(StoreBase):
         )
         return self._write(lambda c: self._notify_changed(c, statement))
 
-    def messages_delete(self, selection: MessageFilter) -> int:
-        """Delete the matching messages; returns how many."""
-        statement = sa_delete(message_table).where(*_conditions(selection))
-        return self._write(lambda c: self._notify_changed(c, statement))
+    def messages_delete(self, selection: MessageFilter, *, by: str = "") -> int:
+        """Delete the matching messages; returns how many. A live message becomes its delivery record (outcome
+        ``deleted``, ``by`` the operator) while records are kept; records asked for by state are removed."""
+        return self._write(lambda c: self._notify_changed(c, self.messages_delete_statement(c, selection, by)))
+
+    def messages_delete_statement(self, connection: Connection, selection: MessageFilter, by: str) -> Any:
+        """The statement deleting the selected messages (see :meth:`messages_delete`)."""
+        conditions = _conditions(selection)
+        if not self.keep_records or selection.state is MessageState.DELIVERED:
+            return sa_delete(message_table).where(*conditions)
+        live = message_table.c.state != MessageState.DELIVERED.value
+        values = _record_values("deleted", by or "operator", self._now(connection))
+        return sa_update(message_table).where(*conditions, live).values(**values)
 
     def messages_delete_expired(self, *, now: datetime, limit: int) -> int:
-        """Delete at most ``limit`` expired messages; returns how many."""
-        return self._write(lambda c: c.execute(_DELETE_EXPIRED, {"now": now, "limit": limit}).rowcount)
+        """Remove at most ``limit`` expired messages (each becomes its record while records are kept); returns
+        how many."""
+        if not self.keep_records:
+            return self._write(lambda c: c.execute(_DELETE_EXPIRED, {"now": now, "limit": limit}).rowcount)
+        params = {"now": now, "limit": limit, "by": self.finished_by}
+        return self._write(lambda c: c.execute(_RECORD_EXPIRED[self.dialect], params).rowcount)
+
+    def messages_delete_records(self, *, before: datetime, limit: int) -> int:
+        """Delete at most ``limit`` delivery records that finished before ``before``; returns how many."""
+        return self._write(lambda c: c.execute(_DELETE_RECORDS, {"before": before, "limit": limit}).rowcount)
 
     def _notify_changed(self, connection: Connection, statement: Any) -> int:
         """Run an UPDATE or DELETE of messages and wake the replicas holding the slots it touched."""

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.engine import Row
 
 from worker.db.base import UnreadableJson, json_loads
-from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Message, MessageState
+from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Delivery, Message, MessageState
 from worker.policy.outcomes import storable_text
 
 
@@ -108,6 +108,14 @@ def message_of_row(row: Row[Any]) -> Message:
         slot=mapping["slot"],
         lost_calls=mapping["lost_calls"],
         crashed_calls=mapping["crashed_calls"],
+        delivery=_delivery(mapping),
     )
+
+
+def _delivery(mapping: Any) -> Delivery | None:
+    outcome = mapping.get("outcome")
+    if outcome is None:
+        return None
+    return Delivery(outcome, mapping["finished_at"], mapping.get("finished_by"), freeze(mapping.get("result")))
 
 

@@ -214,8 +214,8 @@ class LastMessage:
 
     @property
     def running(self) -> bool:
-        """Still to be correlated: neither dead nor expired (a singleton schedule waits for it)."""
-        return self.state is not MessageState.DEAD and not self.expired
+        """Still to be correlated: neither dead, expired nor delivered (a singleton schedule waits for it)."""
+        return self.state not in (MessageState.DEAD, MessageState.DELIVERED) and not self.expired
 
 
 def _schedule(row: Any) -> Schedule:
@@ -292,7 +292,8 @@ class ScheduleStatements(StoreBase):
         return bool(self._run(lambda c: c.execute(select(scheduler_table.c.enabled)).scalar()))
 
     def schedule_last_message(self, message_id: str) -> LastMessage | None:
-        """The schedule's last published message (by its ``message_id``) while it is in the table."""
+        """The schedule's last published message (by its ``message_id``) while it is in the table (or its
+        delivery record)."""
         m = message_table.c
         statement = select(m.id, m.state, m.attempt, m.last_error, m.expires_at).where(m.message_id == message_id)
 
@@ -524,7 +525,7 @@ class ScheduleStatements(StoreBase):
         now = self._now(connection)
         statement = select(m.id).where(
             m.message_id == message_id,
-            m.state != MessageState.DEAD.value,
+            m.state.not_in([MessageState.DEAD.value, MessageState.DELIVERED.value]),
             m.expires_at.is_(None) | (m.expires_at > now),
         )
         return connection.execute(statement).first() is not None

@@ -139,6 +139,11 @@ message_table = Table(
     Column("lost_calls", Integer, nullable=False),
     Column("crashed_calls", Integer, nullable=False),
     Column("pause_id", BigInteger),
+    # The delivery record (state 'delivered', schema revision 0010).
+    Column("outcome", Text),
+    Column("result", Document),
+    Column("finished_at", UtcDateTime),
+    Column("finished_by", Text),
 )
 
 pause_table = Table(

@@ -47,7 +47,9 @@ from typing import Protocol
 
 from worker.config import Mode, Policy, Settings, format_duration
 from worker.correlators import Router
+from worker.correlators.python import TransactionalCorrelator
 from worker.db.base import Fence
+from worker.db.errors import StoreError
 from worker.engine.committer import Committer, MarkTicket, Outcomes
 from worker.message import Message
 from worker.policy.batching import run_length
@@ -139,6 +141,7 @@ class _Lane:
     handed: Outcomes | None = None  # the last outcomes handed over (a lone run waits until they are handled)
     abandoned: bool = False  # given up on (timeout or shutdown): its thread ends when the call returns
     timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
+    session: int | None = None  # the database session of a transactional call in progress (PostgreSQL)
     admitted: bool = False  # past the gate: its run may be marked and called
 
     def unstarted(self) -> list[Message]:
@@ -600,7 +603,25 @@ class Lanes:
                         message.lost_calls, extra=_fields(message),
                     )
                 with self.tracing.call(message) if self.tracing else nullcontext() as span:
-                    error, result = self._call(message)
+                    correlator = self.router.route(message.name)
+                    status = None
+                    if isinstance(correlator, TransactionalCorrelator):
+                        error, result, status = self._call_in_transaction(lane, work, message, correlator)
+                        if status in ("fenced", "busy", "gone"):
+                            if span is not None:
+                                span.outcome("not_called", None)
+                            with self._cond:
+                                lane.current = None
+                            if status == "gone":  # deleted or recorded meanwhile: its mark is out, go on
+                                continue
+                            lane.unmark.extend(run[index + 1 :] if status == "fenced" else run[index:])
+                            self._give_back(
+                                work, "its slot's term ended" if status == "fenced" else "its row is held elsewhere",
+                                again=status == "busy",
+                            )
+                            return
+                    else:
+                        error, result = self._call(message)
                     elapsed = self._monotonic() - started
                     disposition = (
                         Disposition(message.id, Kind.DELETE, message.attempt, result=result)
@@ -618,7 +639,10 @@ class Lanes:
                         if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
                             return
                         lane.current = None
-                        lane.done.append((message, disposition))
+                        if status == "written":  # recorded with the handler's writes, in its transaction
+                            self._count_recorded(message, disposition)
+                        else:
+                            lane.done.append((message, disposition))
                     work.called += 1
                     durations.append(elapsed)
                     if error is None:
@@ -689,6 +713,45 @@ class Lanes:
         outcome = interpret_return(returned)
         return outcome, (result_of(returned) if outcome is None else None)
 
+    def _call_in_transaction(
+        self, lane: _Lane, work: HintWork, message: Message, correlator: TransactionalCorrelator
+    ) -> tuple[BaseException | None, str | None, str]:
+        """A transactional correlator's call, inside the transaction that records its success (see
+        :meth:`~worker.db.calls.CallStatements.calls_transact`): the error (None for success), the target's
+        answer, and what became of the transaction."""
+        failure: list[BaseException | None] = [None]
+        answer: list[str | None] = [None]
+
+        def disposition(connection: object) -> Disposition | None:
+            try:
+                returned = correlator.function(message, connection)
+            except BaseException as error:  # any handler exception is an outcome, never a crash
+                failure[0] = error
+                return None
+            outcome = interpret_return(returned)
+            if outcome is not None:
+                failure[0] = outcome
+                return None
+            answer[0] = result_of(returned)
+            return Disposition(message.id, Kind.DELETE, message.attempt, result=answer[0])
+
+        def session(pid: int | None) -> None:
+            with self._cond:
+                lane.session = pid
+
+        try:
+            status = self.committer.store.calls_transact(
+                work.slot, work.fence, disposition, message.id, session=session
+            )
+        except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
+            return failure[0] or error, None, "failed"
+        return failure[0], answer[0], status
+
+    def _count_recorded(self, message: Message, disposition: Disposition) -> None:
+        """Under the lock: an outcome written by its call's own transaction, counted as handed-over ones are."""
+        self._tally[disposition.outcome] += 1
+        self.metrics.messages.labels(message.name, disposition.outcome).inc()
+
     def tally(self) -> Counter[str]:
         """Outcomes of calls so far, by outcome."""
         with self._cond:
@@ -746,7 +809,13 @@ class Lanes:
         lane.done.append((message, disposition))
         _log_failure(message, disposition, error)
         lane.unmark.extend(lane.unstarted())
-        self._hand_over_locked(lane, work)
+        if lane.session is not None:  # a transactional call: its transaction ends first (it holds the call's row)
+            session, lane.session = lane.session, None
+            threading.Thread(
+                target=self._end_session, args=(lane, work, session), name="end-session", daemon=True
+            ).start()
+        else:
+            self._hand_over_locked(lane, work)
         self.metrics.hung_calls.set(self._hung)
         if self._hung < self.concurrency and not self._stopping:
             self._spawn()
@@ -764,6 +833,17 @@ class Lanes:
                 "%d correlator calls are stuck past their timeout: this replica takes no more work; restart it",
                 self._hung,
             )
+
+
+    def _end_session(self, lane: _Lane, work: HintWork, session: int) -> None:
+        """End the database session of a transactional call given up on, then record its timeout (the call's
+        row is free once its transaction is rolled back)."""
+        try:
+            self.committer.store.session_end(session)
+        except StoreError as error:  # the session ends with its connection anyway; the outcome waits for it
+            logger.warning("could not end the session of a call past its timeout: %s", error)
+        with self._cond:
+            self._hand_over_locked(lane, work)
 
 
 def _fields(message: Message) -> dict[str, object]:

@@ -250,6 +250,10 @@ class Metrics:
         self.cleanup_removed = Counter(
             "correlation_cleanup_removed_messages", "Expired messages removed by cleanup.", registry=r
         )
+        self.records_removed = Counter(
+            "correlation_cleanup_removed_records",
+            "Delivery records removed by cleanup once older than CORRELATION_DELIVERY__RETENTION.", registry=r,
+        )
         # Schedules (DESIGN.md §7). Schedule names are operator-defined and few: a bounded label.
         self.schedule_fires = Counter(
             "correlation_schedule_fires",

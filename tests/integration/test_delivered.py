@@ -1,0 +1,273 @@
+"""The delivery record, the deduplication window and the transactional correlator, against real PostgreSQL and
+SQLite: what stays of a message that left the table, the two insert forms producers use refused inside the
+retention and accepted after it, and a handler's writes committed with its outcome or not at all."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from tests.conftest import stop_at_teardown
+from worker.admin import messages as admin_messages
+from worker.admin.auth import Caller
+from worker.config import CleanupSettings, Settings
+from worker.correlators import Router
+from worker.correlators.python import TransactionalCorrelator
+from worker.db.base import Fence
+from worker.db.store import MessageFilter, NewMessage, Store
+from worker.engine.cleanup import Cleanup
+from worker.engine.engine import AllSlots, Engine
+from worker.message import Message, MessageState
+from worker.policy.outcomes import Retry
+
+WEEK = timedelta(days=7)
+
+
+def engine_for(store: Store, handler: Any) -> Engine:
+    settings = Settings(poll={"interval": "PT1S"}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, AllSlots(store.slot_count))
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    return engine
+
+
+def send(store: Store, hint: str, message_id: str | None = None, **payload: Any) -> int:
+    row_id = store.messages_insert(NewMessage(name="order.paid", hint=hint, payload=payload, message_id=message_id,
+                                              headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}))
+    assert row_id is not None
+    return row_id
+
+
+def plain_insert(store: Store, message_id: str) -> None:
+    with store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO correlation_message (message_id, message_name, correlation_hint) VALUES (:m, 'x', 'h')"),
+            {"m": message_id},
+        )
+
+
+def insert_or_nothing(store: Store, message_id: str) -> int:
+    with store.engine.begin() as connection:
+        return connection.execute(
+            text(
+                "INSERT INTO correlation_message (message_id, message_name, correlation_hint) VALUES (:m, 'x', 'h') "
+                "ON CONFLICT (message_id) DO NOTHING"
+            ),
+            {"m": message_id},
+        ).rowcount
+
+
+def age_records(store: Store, by: timedelta) -> None:
+    """Move every record's end back in time (as if the retention had passed)."""
+    records = store.messages_list(MessageFilter(state=MessageState.DELIVERED), limit=1000)
+    with store.engine.begin() as connection:
+        for record in records:
+            assert record.delivery is not None
+            connection.execute(
+                text("UPDATE correlation_message SET finished_at = :at WHERE id = :id"),
+                {"at": record.delivery.finished_at - by if store.dialect == "postgresql"
+                 else (record.delivery.finished_at - by).strftime("%Y-%m-%d %H:%M:%S.%f"), "id": record.id},
+            )
+
+
+def test_a_correlated_message_stays_as_its_record_with_the_targets_answer(any_store: Store) -> None:
+    any_store.keep_delivery_records(WEEK, "replica-a")
+    answered = send(any_store, "order-1", "shop-1-paid", amount=12)
+    silent = send(any_store, "order-2")
+    waiting = send(any_store, "order-3", fail=True)
+
+    def handler(message: Message) -> object:
+        if message.payload.get("fail"):
+            raise RuntimeError("not yet")
+        return {"processInstanceKey": "2251799813685249"} if message.hint == "order-1" else None
+
+    assert engine_for(any_store, handler).run_once().correlated == 2
+    record = any_store.messages_get_by_message_id("shop-1-paid")
+    assert record is not None and record.id == answered and record.state is MessageState.DELIVERED
+    assert record.delivery is not None and record.delivery.outcome == "correlated"
+    assert record.delivery.result == {"processInstanceKey": "2251799813685249"}
+    assert record.delivery.finished_by == "replica-a" and record.delivery.finished_at >= record.created_at
+    assert (dict(record.payload), dict(record.headers)) == ({}, {})  # the payload is not kept
+    other = any_store.messages_get(silent)
+    assert other is not None and other.delivery is not None and other.delivery.result is None
+    # Records are not messages: lists, the census and the engine see the live ones only.
+    assert [m.id for m in any_store.messages_list(MessageFilter())] == [waiting]
+    assert [m.id for m in any_store.messages_list(MessageFilter(state=MessageState.DELIVERED))] == [answered, silent]
+    counts = any_store.messages_count_by_state()
+    assert (counts.ready, counts.waiting, counts.paused, counts.dead) == (0, 1, 0, 0)
+    assert ("order.paid", "waiting") in any_store.messages_count_by_name_and_state()
+    assert len(any_store.messages_count_by_name_and_state()) == 1
+
+
+def test_a_delivered_message_id_is_refused_by_both_insert_forms_until_the_retention_ends(any_store: Store) -> None:
+    any_store.keep_delivery_records(WEEK, "replica-a")
+    calls: list[int] = []
+    send(any_store, "order-1", "shop-1-paid")
+    engine = engine_for(any_store, lambda message: calls.append(message.id))
+    assert engine.run_once().correlated == 1
+    with pytest.raises(IntegrityError, match="message_id"):
+        plain_insert(any_store, "shop-1-paid")
+    assert insert_or_nothing(any_store, "shop-1-paid") == 0
+    assert any_store.messages_insert(NewMessage(name="x", hint="h", message_id="shop-1-paid")) is None
+    assert engine.run_once().correlated == 0 and len(calls) == 1
+
+    cleanup = Cleanup(any_store, CleanupSettings(), retention=WEEK)
+    assert cleanup.run_once().records_removed == 0  # inside the window: kept
+    age_records(any_store, WEEK + timedelta(minutes=1))
+    result = cleanup.run_once()
+    assert result.records_removed == 1 and any_store.messages_get_by_message_id("shop-1-paid") is None
+    assert insert_or_nothing(any_store, "shop-1-paid") == 1  # new again
+    assert engine.run_once().correlated == 1 and len(calls) == 2
+
+
+def test_records_past_the_retention_are_removed_in_chunks(any_store: Store) -> None:
+    any_store.keep_delivery_records(WEEK, "replica-a")
+    for n in range(25):
+        send(any_store, f"order-{n}", f"m-{n}")
+    assert engine_for(any_store, lambda message: None).run_once().correlated == 25
+    age_records(any_store, timedelta(days=8))
+    result = Cleanup(any_store, CleanupSettings(chunk_size=10), retention=WEEK).run_once()
+    assert (result.records_removed, result.chunks) == (25, 4)  # expired: one empty chunk; records: 10, 10, 5
+    assert any_store.messages_list(MessageFilter(state=MessageState.DELIVERED)) == []
+
+
+def test_with_a_retention_of_zero_a_correlated_message_leaves_nothing(any_store: Store) -> None:
+    any_store.keep_delivery_records(timedelta(0), "replica-a")
+    row = send(any_store, "order-1", "shop-1-paid")
+    assert engine_for(any_store, lambda message: {"answer": 1}).run_once().correlated == 1
+    assert any_store.messages_get(row) is None
+    assert insert_or_nothing(any_store, "shop-1-paid") == 1
+
+
+def test_expired_and_deleted_messages_leave_records_saying_how(any_store: Store) -> None:
+    any_store.keep_delivery_records(WEEK, "replica-a")
+    now = any_store.now()
+    expired = any_store.messages_insert(
+        NewMessage(name="x", hint="h1", message_id="late", created_at=now - timedelta(hours=1),
+                   expires_at=now - timedelta(minutes=1))
+    )
+    deleted = send(any_store, "h2", "removed")
+    kept = send(any_store, "h3", "kept")
+    assert expired is not None
+    assert Cleanup(any_store, CleanupSettings(), retention=WEEK).run_once().expired_removed == 1
+    caller = Caller("cli:ops", "cli", can_write=True)
+    assert admin_messages.bulk(any_store, caller, "delete", MessageFilter(ids=(deleted,)), False)["affected"] == 1
+    late, gone = any_store.messages_get(expired), any_store.messages_get(deleted)
+    assert late is not None and late.delivery is not None and late.state is MessageState.DELIVERED
+    assert (late.delivery.outcome, late.delivery.finished_by, late.expires_at) == ("expired", "replica-a", None)
+    assert gone is not None and gone.delivery is not None
+    assert (gone.delivery.outcome, gone.delivery.finished_by) == ("deleted", "cli:ops")
+    # A delete of everything leaves the records alone; one of state delivered removes them.
+    assert admin_messages.bulk(any_store, caller, "delete", MessageFilter(), True)["affected"] == 1
+    assert [m.id for m in any_store.messages_list(MessageFilter(state=MessageState.DELIVERED))] == [
+        expired, deleted, kept
+    ]
+    selection = MessageFilter(state=MessageState.DELIVERED)
+    assert admin_messages.bulk(any_store, caller, "delete", selection, False)["affected"] == 3
+    assert insert_or_nothing(any_store, "late") == 1 and insert_or_nothing(any_store, "removed") == 1
+
+
+def test_producers_racing_a_message_id_while_it_is_delivered_never_get_it_called_twice(store: Store) -> None:
+    store.keep_delivery_records(WEEK, "replica-a")
+    calling, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def handler(message: Message) -> None:
+        calls.append(message.id)
+        calling.set()
+        release.wait(10)
+
+    send(store, "order-1", "shop-1-paid")
+    engine = engine_for(store, handler)
+    runner = threading.Thread(target=engine.run_once)
+    runner.start()
+    assert calling.wait(10)
+    inserted = [insert_or_nothing(store, "shop-1-paid") for _ in range(3)]  # during the call
+    release.set()
+    runner.join(10)
+    inserted += [insert_or_nothing(store, "shop-1-paid") for _ in range(3)]  # after it
+    with pytest.raises(IntegrityError, match="message_id"):
+        plain_insert(store, "shop-1-paid")
+    assert inserted == [0] * 6
+    assert engine.run_once().correlated == 0 and len(calls) == 1
+
+
+# -- the transactional correlator -------------------------------------------------------------------------------
+
+
+def effects_table(store: Store) -> None:
+    with store.engine.begin() as connection:
+        connection.execute(text("CREATE TABLE shop_effect (message bigint NOT NULL, note text)"))
+
+
+def effects(store: Store) -> list[tuple[int, str]]:
+    with store.engine.begin() as connection:
+        rows = connection.execute(text("SELECT message, note FROM shop_effect ORDER BY message")).all()
+    return [(int(row[0]), str(row[1])) for row in rows]
+
+
+def test_a_transactional_handler_commits_its_writes_with_its_outcome_or_not_at_all(any_store: Store) -> None:
+    any_store.keep_delivery_records(WEEK, "replica-a")
+    effects_table(any_store)
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        connection.execute(
+            text("INSERT INTO shop_effect (message, note) VALUES (:m, :n)"), {"m": message.id, "n": message.hint}
+        )
+        if message.payload.get("raise"):
+            raise RuntimeError("the projection refused it")
+        if message.payload.get("retry"):
+            return Retry("not now")
+        return {"written": message.hint}
+
+    good = send(any_store, "good")
+    raised = send(any_store, "raised", **{"raise": True})
+    retried = send(any_store, "retried", retry=True)
+    engine = engine_for(any_store, TransactionalCorrelator(on_paid, "shop:on_paid"))
+    result = engine.run_once()
+    assert result.correlated == 1
+    assert effects(any_store) == [(good, "good")]  # the failed calls' writes were rolled back with them
+    record = any_store.messages_get(good)
+    assert record is not None and record.delivery is not None and record.delivery.result == {"written": "good"}
+    for row_id, error in ((raised, "the projection refused it"), (retried, "not now")):
+        message = any_store.messages_get(row_id)
+        assert message is not None and message.state is MessageState.READY and message.attempt == 1
+        assert error in (message.last_error or "")
+
+
+def test_a_transactional_call_whose_term_ended_writes_nothing_and_is_not_called(store: Store) -> None:
+    effects_table(store)
+    row = send(store, "order-1")
+    called: list[int] = []
+
+    def outcome(connection: Connection) -> Any:
+        called.append(row)
+        return None
+
+    fence = Fence("slot:1", "replica-a", 7)  # no call of the message is marked under this term
+    assert store.calls_transact(1, fence, outcome, row) == "fenced"
+    assert called == [] and effects(store) == []
+    message = store.messages_get(row)
+    assert message is not None and message.state is MessageState.READY and message.attempt == 0
+
+
+def test_a_python_route_can_be_transactional_and_is_checked_at_startup(tmp_path: Any, monkeypatch: Any) -> None:
+    from worker.config import ConfigError
+
+    (tmp_path / "shop_handlers.py").write_text(
+        "def on_paid(message, connection):\n    return None\n\ndef on_sent(message):\n    return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    router = Router.from_settings(
+        {"order.paid": {"type": "python", "target": "shop_handlers:on_paid", "transactional": True}}
+    )
+    assert isinstance(router.route("order.paid"), TransactionalCorrelator)
+    with pytest.raises(ConfigError, match="two arguments"):
+        Router.from_settings({"a": {"type": "python", "handler": "shop_handlers:on_sent", "transactional": True}})
+    with pytest.raises(ConfigError, match="true or false"):
+        Router.from_settings({"a": {"type": "python", "handler": "shop_handlers:on_paid", "transactional": "yes"}})
