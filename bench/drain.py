@@ -44,7 +44,15 @@ from typing import Protocol
 import psycopg
 from sqlalchemy.engine import make_url
 
-from worker.config import DatabaseSettings, MetricsSettings, PollSettings, Settings
+from worker.config import (
+    DatabaseSettings,
+    DeliverySettings,
+    MetricsSettings,
+    PollSettings,
+    Settings,
+    format_duration,
+    parse_duration,
+)
 from worker.correlators import Router
 from worker.db.store import Store, StoreError, build_engine, normalise_url
 from worker.engine.engine import AllSlots, Engine, SlotSource
@@ -126,7 +134,11 @@ class Driver(Protocol):
     """The bare driver for the bulk insert, the floor loop and the checks."""
 
     def count(self) -> int:
-        """Messages in the table."""
+        """Messages in the table (delivery records apart)."""
+        ...
+
+    def purge(self) -> None:
+        """Delete every row, delivery records included."""
         ...
 
     def ids_and_hints(self) -> list[tuple[int, str]]:
@@ -153,11 +165,11 @@ class PostgresDriver:
         self.connection = psycopg.connect(_conninfo(url), autocommit=True)
 
     def count(self) -> int:
-        row = self.connection.execute("SELECT count(*) FROM correlation_message").fetchone()
+        row = self.connection.execute("SELECT count(*) FROM correlation_message WHERE state <> 'delivered'").fetchone()
         return int(row[0]) if row else 0
 
     def ids_and_hints(self) -> list[tuple[int, str]]:
-        statement = "SELECT id, correlation_hint FROM correlation_message ORDER BY id"
+        statement = "SELECT id, correlation_hint FROM correlation_message WHERE state <> 'delivered' ORDER BY id"
         return [(int(i), str(h)) for i, h in self.connection.execute(statement)]
 
     def insert(self, messages: int, hints: int) -> None:
@@ -186,6 +198,9 @@ class PostgresDriver:
                 return drained
             drained += len(ids)
 
+    def purge(self) -> None:
+        self.connection.execute("DELETE FROM correlation_message")
+
     def close(self) -> None:
         self.connection.close()
 
@@ -201,10 +216,11 @@ class SqliteDriver:
         self.connection.execute("PRAGMA journal_mode=WAL")
 
     def count(self) -> int:
-        return int(self.connection.execute("SELECT count(*) FROM correlation_message").fetchone()[0])
+        live = "SELECT count(*) FROM correlation_message WHERE state <> 'delivered'"
+        return int(self.connection.execute(live).fetchone()[0])
 
     def ids_and_hints(self) -> list[tuple[int, str]]:
-        statement = "SELECT id, correlation_hint FROM correlation_message ORDER BY id"
+        statement = "SELECT id, correlation_hint FROM correlation_message WHERE state <> 'delivered' ORDER BY id"
         return [(int(i), str(h)) for i, h in self.connection.execute(statement)]
 
     def insert(self, messages: int, hints: int) -> None:
@@ -233,6 +249,9 @@ class SqliteDriver:
             if not ids:
                 return drained
             drained += len(ids)
+
+    def purge(self) -> None:
+        self.connection.execute("DELETE FROM correlation_message")
 
     def close(self) -> None:
         self.connection.close()
@@ -313,6 +332,7 @@ def run_once(url: str, driver: Driver, args: argparse.Namespace) -> RunFigures:
 
     settings = settings_for(url, args.page_size, args.concurrency)
     store = Store(build_engine(settings.database))
+    store.keep_delivery_records(args.retention, "bench")
     recorder = Recorder()
     stack = ExitStack()
     try:
@@ -341,6 +361,7 @@ def run_once(url: str, driver: Driver, args: argparse.Namespace) -> RunFigures:
     if left:
         raise SystemExit(f"verification failed: {left} messages left after the engine's drain")
     verify(recorder.seen, expected)
+    driver.purge()  # the delivery records the drain left (not timed): the floor starts from the same table
 
     driver.insert(args.messages, args.hints)
     started = time.perf_counter()
@@ -379,6 +400,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-leases", action="store_true", help="every slot unfenced (AllSlots), not leased as a replica does"
     )
     parser.add_argument("--runs", type=int, default=1, help="repeat and report the median (default 1)")
+    parser.add_argument(
+        "--retention", type=parse_duration, default=DeliverySettings().retention,
+        help="CORRELATION_DELIVERY__RETENTION: P7D (the default) keeps a delivery record per message, PT0S none",
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.hints < 1 or args.runs < 1:
@@ -425,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = statistics.median(r.floor_rate for r in runs)
     parameters = (
         f"backend={backend} slots={slots} messages={args.messages} hints={args.hints} "
-        f"page_size={args.page_size} concurrency={args.concurrency} leases={not args.no_leases} runs={args.runs}"
+        f"page_size={args.page_size} concurrency={args.concurrency} leases={not args.no_leases} runs={args.runs} "
+        f"retention={format_duration(args.retention)}"
     )
     print(
         f"engine: {engine:,.0f} msgs/s ({cpu:.0f} us of client CPU per message; "

@@ -37,6 +37,7 @@ from drain import (
 )
 
 from worker.config import DatabaseSettings
+from worker.config import DeliverySettings, parse_duration
 from worker.correlators import Router
 from worker.db.store import Store, build_engine, normalise_url
 from worker.engine.engine import Engine
@@ -64,6 +65,7 @@ def run_once(url: str, args: argparse.Namespace) -> float:
         expected = driver.ids_and_hints()
         settings = settings_for(url, args.page_size, args.concurrency)
         store = Store(build_engine(settings.database))
+        store.keep_delivery_records(args.retention, "bench")
         target = SlowTarget(args.call_ms / 1000)
         with ExitStack() as stack:
             stack.callback(store.close)
@@ -84,6 +86,7 @@ def run_once(url: str, args: argparse.Namespace) -> float:
         if driver.count():
             raise SystemExit("verification failed: messages left after the drain")
         verify(target.seen, expected)
+        driver.purge()  # the delivery records (not timed): every run starts from an empty table
         return args.messages / seconds
     finally:
         driver.close()
@@ -99,6 +102,10 @@ def main() -> int:
     parser.add_argument("--page-size", type=int, default=100, help="CORRELATION_POLL__PAGE_SIZE (default 100)")
     parser.add_argument("--runs", type=int, default=3, help="repeat and report the median (default 3)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument(
+        "--retention", type=parse_duration, default=DeliverySettings().retention,
+        help="CORRELATION_DELIVERY__RETENTION: P7D (the default) keeps a delivery record per message, PT0S none",
+    )
     args = parser.parse_args()
     rates = []
     with bench_database(normalise_url(args.url or os.environ.get(URL_ENV) or LOCAL_SERVER)) as url:
