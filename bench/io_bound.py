@@ -36,8 +36,7 @@ from drain import (
     verify,
 )
 
-from worker.config import DatabaseSettings
-from worker.config import DeliverySettings, parse_duration
+from worker.config import DatabaseSettings, DeliverySettings, parse_duration
 from worker.correlators import Router
 from worker.db.store import Store, build_engine, normalise_url
 from worker.engine.engine import Engine

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import time
 
+import psycopg
+import pytest
 from effects import EFFECT_TABLE_DDL
-from harness import PostgresDatabase, StartReplicas, wait_until
+from harness import Database, PostgresDatabase, StartReplicas, StartWorker, run_cli, wait_until
 from test_cluster import DRAIN_DEADLINE, FAST_LEASES, LEASE, Server, insert_messages, kill, remaining
 
 ROUTE = json.dumps({"*": {"type": "python", "handler": "effects:apply", "transactional": True}})
@@ -71,3 +74,37 @@ def test_a_transactional_handler_has_its_effect_exactly_once_through_kills_freez
         assert any("database unavailable" in replica.log() for replica in replicas[1:]), "the restart went unnoticed"
     finally:
         database.close()
+
+
+def test_a_message_correlated_by_the_process_is_answered_from_its_record_and_its_id_stays_taken(
+    any_db: Database, start_worker: StartWorker
+) -> None:
+    """The README's path on both databases: a transactional handler's answer on the record, `messages show` and
+    `messages list --state delivered` answering from it, and both insert forms refused inside the window."""
+    any_db.execute(EFFECT_TABLE_DDL)
+    worker = start_worker(any_db, correlators=ROUTE, replica__name="shop-1")
+    mark = "%s" if isinstance(any_db, PostgresDatabase) else "?"
+    insert = (
+        "INSERT INTO correlation_message (message_id, message_name, correlation_hint, payload) "
+        f"VALUES ({mark}, 'order.paid', 'order-4711', '{{\"amount\": 10}}')"
+    )
+    any_db.execute(insert, ("shop-4711-paid",))
+    wait_until(lambda: any_db.execute("SELECT count(*) AS n FROM shop_effect")[0]["n"] == 1, what="the effect",
+               workers=[worker])
+    wait_until(lambda: any_db.execute("SELECT count(*) AS n FROM correlation_message WHERE state = 'delivered'")[0][
+        "n"] == 1, what="the record", workers=[worker])
+    shown = json.loads(run_cli(any_db, "messages", "show", "shop-4711-paid", "-o", "json").stdout)
+    assert (shown["state"], shown["outcome"], shown["result"], shown["payload"]) == (
+        "delivered", "correlated", {"replica": "shop-1"}, {}
+    )
+    assert shown["finished_by"].startswith("shop-1") and shown["finished_at"]
+    listed = json.loads(run_cli(any_db, "messages", "list", "--state", "delivered", "-o", "json").stdout)
+    assert [row["message_id"] for row in listed] == ["shop-4711-paid"]
+    assert json.loads(run_cli(any_db, "messages", "list", "-o", "json").stdout) == []
+
+    refused = (psycopg.errors.UniqueViolation,) if isinstance(any_db, PostgresDatabase) else (sqlite3.IntegrityError,)
+    with pytest.raises(refused, match="message_id"):
+        any_db.execute(insert, ("shop-4711-paid",))
+    any_db.execute(insert + " ON CONFLICT (message_id) DO NOTHING", ("shop-4711-paid",))
+    # Nothing was inserted, so nothing can be called again: the record is the only row.
+    assert any_db.execute("SELECT count(*) AS n FROM correlation_message")[0]["n"] == 1

@@ -492,3 +492,21 @@ def test_a_nul_anywhere_in_a_request_is_a_400_naming_it(client: TestClient, path
 def test_a_get_on_a_schedules_fire_is_405_naming_the_method(client: TestClient, store: Store) -> None:
     response = client.get("/api/v1/schedules/nightly/fire", headers=auth())
     assert response.status_code == 405 and response.headers["allow"] == "POST", response.text
+
+
+def test_a_delivered_message_is_answered_from_its_record_by_id_and_message_id_and_listed_by_state(
+    client: TestClient, store: Store
+) -> None:
+    from tests.integration.test_pages import deliver
+
+    delivered = deliver(store, "order-7", "shop-7-paid", {"processInstanceKey": "2251799813685249"})
+    live = add(store, "order-8")
+    for reference in (str(delivered), "shop-7-paid"):
+        shown = get(client, f"/api/v1/messages/{reference}")
+        assert (shown["id"], shown["state"], shown["outcome"], shown["finished_by"]) == (
+            delivered, "delivered", "correlated", "replica-a"
+        )
+        assert shown["result"] == {"processInstanceKey": "2251799813685249"} and shown["finished_at"]
+    assert [item["id"] for item in get(client, "/api/v1/messages", state="delivered")["items"]] == [delivered]
+    assert [item["id"] for item in get(client, "/api/v1/messages")["items"]] == [live]
+    assert get(client, "/api/v1/status")["messages"] == {"ready": 1, "waiting": 0, "paused": 0, "dead": 0, "expired": 0}

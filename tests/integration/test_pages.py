@@ -3,15 +3,19 @@ open redirects, security headers (the browser suite covers what an operator does
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from starlette.testclient import TestClient
 
 from tests.integration.test_api import READ, WRITE, console_app
 from tests.integration.test_store import add
-from worker.db.store import Store
+from worker.db.calls import SlotWrite
+from worker.db.store import NewMessage, Store
+from worker.policy.outcomes import Disposition, Kind
 
 
 @pytest.fixture
@@ -143,3 +147,30 @@ def test_a_nul_in_a_pages_request_is_a_readable_400(client: TestClient, path: st
     log_in(client)
     page = client.get(path)
     assert page.status_code == 400 and "NUL character" in page.text
+
+
+def test_a_delivered_message_s_page_shows_its_record_and_the_list_filters_records(
+    client: TestClient, store: Store
+) -> None:
+    delivered = deliver(store, "order-7", "shop-7-paid", {"processInstanceKey": "2251799813685249"})
+    live = add(store, "order-8")
+    log_in(client)
+    page = client.get(f"/ui/messages/{delivered}")
+    assert page.status_code == 200, page.text
+    assert 'id="outcome">correlated<' in page.text and "2251799813685249" in page.text
+    assert 'id="finished-by">replica-a<' in page.text and 'id="action-delete"' not in page.text
+    listed = client.get("/ui/messages?state=delivered")
+    assert f'data-id="{delivered}"' in listed.text and f'data-id="{live}"' not in listed.text
+    assert "delivered (correlated)" in listed.text
+    every = client.get("/ui/messages")
+    assert f'data-id="{live}"' in every.text and f'data-id="{delivered}"' not in every.text
+
+
+def deliver(store: Store, hint: str, message_id: str, result: object) -> int:
+    """A message correlated by a replica, kept as its delivery record with the target's answer."""
+    row_id = store.messages_insert(NewMessage(name="order.paid", hint=hint, message_id=message_id))
+    assert row_id is not None
+    store.keep_delivery_records(timedelta(days=7), "replica-a")
+    done = Disposition(row_id, Kind.DELETE, 0, result=json.dumps(result))
+    assert store.messages_record([SlotWrite(0, None, (done,))]).written == {row_id}
+    return row_id
