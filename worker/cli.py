@@ -32,6 +32,7 @@ from worker.admin.auth import Caller
 from worker.config import ConfigError, Settings, load_settings, parse_duration
 from worker.correlators import Router
 from worker.db.base import sqlite_file
+from worker.db.console import ConsoleFilter
 from worker.db.schema import check_revision_known
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
 from worker.message import Message, MessageState
@@ -398,8 +399,13 @@ def messages_list(
 
         rows = _with_store(census_page)
     else:
-        selection = _selection((), name, hint, state)
-        rows = _with_store(lambda store: store.messages_list(selection, after=after, limit=limit))
+        # The console's keyset pages: a name or hint without a state is read as one index range per state.
+        wanted = ConsoleFilter(_selection((), name, hint, state))
+        rows = _with_store(
+            lambda store: [
+                listed.message for listed in store.console_messages(wanted, after=after, limit=limit, scan=0).rows
+            ]
+        )
     shown = [admin.message_as_dict(m) for m in rows]
     click.echo(_list_table(shown)) if _wants_table(output) else _print_json(shown)
 

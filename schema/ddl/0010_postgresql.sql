@@ -26,10 +26,20 @@ ALTER TABLE correlation_message ADD CONSTRAINT correlation_message_record_comple
 ALTER TABLE correlation_message ADD CONSTRAINT correlation_message_outcome_known
     CHECK (outcome IN ('correlated', 'expired', 'deleted'));
 
--- A hint's paused and dead messages (what holds it back): records stay out of it.
+-- Records stay out of the indexes the engine and the console read for live messages: a record then costs the
+-- primary key, message_id's unique index (the window) and the index of its end, nothing more. A hint's paused
+-- and dead messages (what holds it back):
 DROP INDEX correlation_message_hint_held_idx;
 CREATE INDEX correlation_message_hint_held_idx ON correlation_message (correlation_hint, state, id)
     WHERE state IN ('paused', 'dead');
+-- Paused and dead messages in id order (the console's lists by state):
+DROP INDEX correlation_message_held_state_idx;
+CREATE INDEX correlation_message_held_state_idx ON correlation_message (state, id) WHERE state IN ('paused', 'dead');
+-- A name's live messages by state in id order (records by name are read in id order from the primary key, past
+-- the few live rows among them):
+DROP INDEX correlation_message_name_state_id_idx;
+CREATE INDEX correlation_message_name_state_id_idx ON correlation_message (message_name, state, id)
+    WHERE state <> 'delivered';
 -- Records by the time they finished: the retention's cleanup.
 CREATE INDEX correlation_message_finished_idx ON correlation_message (finished_at, id)
     WHERE state = 'delivered';
