@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from tests.conftest import stop_at_teardown
+from tests.integration.test_engine import wait_until
 from worker.admin import messages as admin_messages
 from worker.admin.auth import Caller
 from worker.config import CleanupSettings, Settings
@@ -271,3 +272,35 @@ def test_a_python_route_can_be_transactional_and_is_checked_at_startup(tmp_path:
         Router.from_settings({"a": {"type": "python", "handler": "shop_handlers:on_sent", "transactional": True}})
     with pytest.raises(ConfigError, match="true or false"):
         Router.from_settings({"a": {"type": "python", "handler": "shop_handlers:on_paid", "transactional": "yes"}})
+
+
+def test_a_transactional_call_past_its_timeout_has_its_session_ended_and_its_writes_rolled_back(store: Store) -> None:
+    store.keep_delivery_records(WEEK, "replica-a")
+    effects_table(store)
+    returned = threading.Event()
+
+    def slow(message: Message, connection: Connection) -> None:
+        connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'slow')"), {"m": message.id})
+        try:
+            connection.execute(text("SELECT pg_sleep(5)"))  # ended from outside once past the timeout
+        finally:
+            returned.set()
+
+    row = send(store, "order-1")
+    settings = Settings(poll={"interval": "PT1S"}, policy={"handler_timeout": "PT0.5S", "backoff_unit": "PT1H"},
+                        metrics={"enabled": False})
+    engine = Engine(store, Router({"*": TransactionalCorrelator(slow, "shop:slow")}), settings,
+                    AllSlots(store.slot_count))
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.start()
+    assert returned.wait(4), "the call's statement was not ended: its session still runs"
+
+    def recorded() -> Message | None:
+        message = store.messages_get(row)
+        return message if message is not None and message.attempt == 1 else None
+
+    wait_until(recorded, "the timeout recorded")
+    message = recorded()
+    assert message is not None and message.state is MessageState.READY, "the timeout was not recorded"
+    assert "did not return within" in (message.last_error or "")
+    assert effects(store) == []  # the write of the call given up on never committed
