@@ -329,6 +329,14 @@ _TERM_RUNS = {
 }
 
 
+class _Rollback(Exception):
+    """Ends a transactional call's transaction without committing it, saying why."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 def _term_of(fence: Fence) -> dict[str, Any]:
     return {"name": fence.name, "holder": fence.holder, "fence": fence.fence}
 
@@ -609,15 +617,13 @@ class CallStatements(LockStatements):
         otherwise: the term ended and the slot's next holder counts or has counted it), then the message's row
         (``busy``: another session holds it; ``gone``: deleted or recorded meanwhile, its mark taken out). Then
         ``disposition(connection)`` runs the handler on this connection: a success is recorded in the same
-        transaction (``written``: the handler's writes and the outcome commit together); None means the call did
-        not succeed, and everything, the handler's writes too, is rolled back (``failed``: the caller records the
-        failure the usual way). ``session`` is told the PostgreSQL backend running the transaction (None once it
+        transaction (``written``: the handler's writes and the outcome commit together) once the slot's lease
+        term is seen to run still by the database clock (``fenced`` when it ran out meanwhile: nothing commits,
+        and the slot's next holder delivers the message again); None means the call did not succeed, and
+        everything, the handler's writes too, is rolled back (``failed``: the caller records the failure the
+        usual way). ``session`` is told the PostgreSQL backend running the transaction (None once it
         is over), so that a call past its timeout can be ended from outside.
         """
-
-        class _Rollback(Exception):
-            def __init__(self, status: str) -> None:
-                self.status = status
 
         key = {"id": message_id, "slot": slot, "fence": None if fence is None else fence.fence}
 

@@ -834,7 +834,6 @@ class Lanes:
                 self._hung,
             )
 
-
     def _end_session(self, lane: _Lane, work: HintWork, session: int) -> None:
         """End the database session of a transactional call given up on, then record its timeout (the call's
         row is free once its transaction is rolled back)."""
