@@ -85,8 +85,11 @@ def worker_command() -> list[str]:
     return [str(script), "run"] if script.exists() else [sys.executable, "-m", "worker", "run"]
 
 
-def worker_env(url: str, name: str, page_size: int, concurrency: int) -> dict[str, str]:
-    """The environment of one replica: this process's, minus its CORRELATION_ settings, plus the benchmark's."""
+def worker_env(
+    url: str, name: str, page_size: int, concurrency: int, settings: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of one replica: this process's, minus its CORRELATION_ settings, plus the benchmark's
+    (and ``settings``, CORRELATION_ variables that replace the benchmark's)."""
     env = {key: value for key, value in os.environ.items() if not key.upper().startswith("CORRELATION_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")]))
     env.update(
@@ -105,6 +108,7 @@ def worker_env(url: str, name: str, page_size: int, concurrency: int) -> dict[st
             "CORRELATION_LOG__LEVEL": "WARNING",
         }
     )
+    env.update(settings or {})
     return env
 
 
@@ -206,7 +210,8 @@ def replicas_running(count: int, url: str, args: argparse.Namespace, log_dir: Pa
     try:
         for number in range(1, count + 1):
             name = f"cluster-{count}x-{number}"
-            replicas.append(Replica(name, worker_env(url, name, args.page_size, args.concurrency), log_dir))
+            env = worker_env(url, name, args.page_size, args.concurrency, getattr(args, "settings", None))
+            replicas.append(Replica(name, env, log_dir))
         yield replicas
     finally:
         for replica in replicas:
@@ -220,7 +225,7 @@ def replicas_running(count: int, url: str, args: argparse.Namespace, log_dir: Pa
 def load_paused(driver: PostgresDriver, messages: int, hints: int) -> None:
     """drain.py's rows, held back as 'paused', then vacuumed so that the table is as fresh as drain.py's."""
     driver.insert(messages, hints)
-    driver.connection.execute("UPDATE correlation_message SET state = 'paused'")
+    driver.connection.execute("UPDATE correlation_message SET state = 'paused' WHERE state = 'ready'")
     driver.connection.execute("VACUUM ANALYZE correlation_message")
 
 
@@ -445,6 +450,7 @@ def run_cluster(
         if code != 0:
             raise SystemExit(f"replica {replica.name} exited with {code} after SIGTERM:\n{_tail(log)}")
     verify(driver, args.messages, terms, terms_after, [(r.name, s) for r, s in zip(replicas, scrapes, strict=True)])
+    driver.purge()  # the delivery records the drain left: the next replica count starts from the same table
 
     members = tuple(
         ReplicaFigures(

@@ -1,0 +1,205 @@
+"""Every headline figure from real ``correlation-worker run`` processes, each next to its reference, in one table.
+
+The processes are started as a user starts them: the installed console script, settings by environment,
+outside the repository; they are timed from outside (insert and release timestamps, the correlator's own clock,
+the lock and message tables, the processes' CPU time from ``/proc``)::
+
+    .venv/bin/python bench/run.py [--url URL] [--quick] [--json]
+
+Figures (PostgreSQL; a throwaway database as in drain.py, unless ``--url`` names one):
+
+1. **latency**: a producer's INSERT to the correlator's call, sequential, default settings (``latency.py``);
+   reference: the INSERT until its NOTIFY reaches a listening connection.
+2. **slow target**: a correlator waiting 10 ms, 32 lanes (``CORRELATION_POLL__CONCURRENCY=32``, everything else
+   default), 5 000 messages over 1 000 hints released at once; reference: Little's limit, 32 / 10 ms.
+3. **drain**: no-op correlator, 100 000 messages over 1 000 hints, page 1 000, released at once (``cluster.py``,
+   one replica); reference: drain.py's raw-SQL floor on the same rows; with the process's CPU per message.
+4. **cold start**: 20 000 messages over 1 000 hints already in the table, from starting the process to the
+   table empty (default settings but the initial delay, PT0S).
+5. **scale**: 20 000 no-op messages drained by 1, 2 and 4 replicas (``cluster.py``); reference: one replica.
+
+``--quick`` divides the message counts by ten (a smoke test of the harness, not figures to quote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cluster import (
+    Replica,
+    measure_floor,
+    run_cluster,
+    slot_terms,
+    slots_with_work,
+    wait_for,
+    worker_env,
+)
+from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database
+from latency import percentile
+from latency import run as latency_run
+
+from worker.config import DatabaseSettings
+from worker.db.store import Store, build_engine, normalise_url
+
+CALL_MS = 10.0
+SLOW_LANES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of the table."""
+
+    figure: str
+    value: str
+    reference: str
+    ratio: str = ""
+
+
+def _args(**values: object) -> argparse.Namespace:
+    return argparse.Namespace(**values)
+
+
+def latency_row(url: str, count: int) -> Row:
+    engine, floor = latency_run(url, count)
+    return Row(
+        "insert → call latency, default settings (NOTIFY on)",
+        f"p50 {percentile(engine, 0.5) * 1000:.2f} ms, p99 {percentile(engine, 0.99) * 1000:.2f} ms",
+        f"NOTIFY round trip p50 {percentile(floor, 0.5) * 1000:.2f} ms, p99 {percentile(floor, 0.99) * 1000:.2f} ms",
+    )
+
+
+def slow_target_row(url: str, driver: PostgresDriver, messages: int, log_dir: Path, slots: int) -> Row:
+    args = _args(messages=messages, hints=min(1000, messages), page_size=100, concurrency=SLOW_LANES, slots=slots,
+                 settings={"CORRELATION_CORRELATORS": json.dumps({"*": "sleep_correlator:call"}),
+                           "BENCH_CALL_MS": f"{CALL_MS:g}"})
+    figures = run_cluster(url, driver, 1, args, log_dir)
+    limit = SLOW_LANES / (CALL_MS / 1000)
+    return Row(
+        f"{CALL_MS:g} ms target, {SLOW_LANES} lanes, {messages:,} msgs / {args.hints:,} hints",
+        f"{figures.rate:,.0f} calls/s",
+        f"Little's limit {limit:,.0f} calls/s",
+        f"{figures.rate / limit:.2f}",
+    )
+
+
+def drain_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, slots: int) -> list[Row]:
+    args = _args(messages=messages, hints=1000, page_size=1000, concurrency=8, slots=slots, settings=None)
+    floor = measure_floor(driver, messages, args.hints, args.page_size)
+    figures = run_cluster(url, driver, 1, args, log_dir)
+    rows = [
+        Row(
+            f"no-op drain, {messages:,} msgs, page 1 000, from release",
+            f"{figures.rate:,.0f} msgs/s",
+            f"select+delete floor {floor:,.0f} msgs/s",
+            f"{figures.rate / floor:.2f}",
+        )
+    ]
+    cpu = figures.members[0].cpu_seconds
+    if cpu is not None:
+        rows.append(Row("CPU per message of the worker process, no-op drain", f"{cpu / messages * 1e6:.1f} µs",
+                        "", ""))
+    return rows
+
+
+def cold_start_row(url: str, driver: PostgresDriver, messages: int, log_dir: Path, slots: int) -> Row:
+    hints = min(1000, messages)
+    driver.insert(messages, hints)
+    driver.connection.execute("VACUUM ANALYZE correlation_message")
+    env = worker_env(url, "cold-1", 100, 8)
+    for key in ("POLL__INTERVAL", "POLL__PAGE_SIZE", "POLL__CONCURRENCY", "LEASE__RENEW_INTERVAL", "LEASE__DRAIN"):
+        env.pop(f"CORRELATION_{key}")  # a process on defaults (but the initial delay, PT0S)
+    started = time.perf_counter()
+    replica = Replica("cold-1", env, log_dir)
+    try:
+        seconds = wait_for(
+            lambda: (time.perf_counter() - started) if not slots_with_work(driver, slots) else None,
+            time.monotonic() + 120 + messages / 500, "the cold-start drain", [replica],
+        )
+        scrape = replica.scrape()
+    finally:
+        code = replica.stop()
+    if code != 0 or scrape.successes != messages or driver.count():
+        raise SystemExit(f"cold start: exit {code}, {scrape.successes} successes for {messages}, {driver.count()} left")
+    driver.purge()
+    return Row(f"no-op drain, {messages:,} msgs / {hints:,} hints, from process start to last call",
+               f"{messages / seconds:,.0f} msgs/s", f"{seconds:.2f} s in all")
+
+
+def scale_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, slots: int) -> list[Row]:
+    args = _args(messages=messages, hints=1000, page_size=100, concurrency=8, slots=slots, settings=None)
+    rates = {count: run_cluster(url, driver, count, args, log_dir).rate for count in (1, 2, 4)}
+    return [
+        Row(f"{count} replica{'s' if count > 1 else ''}, {messages:,} no-op msgs", f"{rate:,.0f} msgs/s",
+            f"1 replica {rates[1]:,.0f} msgs/s", f"{rate / rates[1]:.2f}")
+        for count, rate in rates.items()
+    ]
+
+
+def print_table(rows: Sequence[Row]) -> None:
+    widths = [max(len(getattr(row, column)) for row in rows) for column in ("figure", "value", "reference")]
+    header = ("figure", "value", "reference in the same run")
+    print(f"| {header[0]:<{widths[0]}} | {header[1]:<{widths[1]}} | {header[2]:<{widths[2]}} | ratio |")
+    print(f"|{'-' * (widths[0] + 2)}|{'-' * (widths[1] + 2)}|{'-' * (widths[2] + 2)}|-------|")
+    for row in rows:
+        print(f"| {row.figure:<{widths[0]}} | {row.value:<{widths[1]}} | {row.reference:<{widths[2]}} | "
+              f"{row.ratio:<5} |")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--url", default=os.environ.get(URL_ENV, LOCAL_SERVER), help="PostgreSQL server or database")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the messages: checks the harness only")
+    parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    args = parser.parse_args(argv)
+    scale = 10 if args.quick else 1
+    url = normalise_url(args.url)
+    if not url.startswith("postgresql"):
+        raise SystemExit("bench/run.py needs PostgreSQL (several replicas, NOTIFY)")
+    rows: list[Row] = []
+    with ExitStack() as stack:
+        database_url = stack.enter_context(bench_database(url))
+        store = Store(build_engine(DatabaseSettings(url=database_url)))
+        try:
+            store.schema_migrate()
+            slots = store.slot_count
+        finally:
+            store.close()
+        driver = PostgresDriver(database_url)
+        stack.callback(driver.close)
+        if driver.count() or slot_terms(driver):
+            raise SystemExit("the database holds messages or live slot leases: give an empty one")
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cw-bench-")))
+        steps = [
+            ("latency", lambda: [latency_row(database_url, 500 // scale)]),
+            ("slow target", lambda: [slow_target_row(database_url, driver, 5000 // scale, log_dir, slots)]),
+            ("drain", lambda: drain_rows(database_url, driver, 100_000 // scale, log_dir, slots)),
+            ("cold start", lambda: [cold_start_row(database_url, driver, 20_000 // scale, log_dir, slots)]),
+            ("scale", lambda: scale_rows(database_url, driver, 20_000 // scale, log_dir, slots)),
+        ]
+        for name, step in steps:
+            started = time.monotonic()
+            rows += step()
+            driver.purge()
+            print(f"{name}: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    version = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, check=False).stdout.strip()
+    print_table(rows)
+    print(f"\nrevision {version or '?'}, {os.cpu_count()} CPUs, PostgreSQL on {url.split('@')[-1]}, "
+          f"real `correlation-worker run` processes{' (--quick: not figures to quote)' if args.quick else ''}")
+    if args.json:
+        print(json.dumps([asdict(row) for row in rows]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
