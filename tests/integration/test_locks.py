@@ -338,6 +338,19 @@ def test_acquire_many_takes_expired_and_released_slots_with_a_new_fence(any_stor
     assert [(f.name, f.fence) for f in again] == [(name, 2) for name in sorted(SLOTS[:4])]
 
 
+def test_a_term_that_ran_out_unrenewed_counts_as_lapsed_and_a_released_one_does_not(any_store: Store) -> None:
+    expiring = any_store.lock_try_acquire_many(SLOTS[:2], "a", SHORT, 2)
+    released = any_store.lock_try_acquire_many(SLOTS[2:4], "a", LONG, 2)
+    for fence in released:
+        assert any_store.lock_release(fence)
+    assert {row(any_store, f.name).locked_by for f in released} == {""}  # released: no holder any more
+    assert any_store.locks_count_lapsed("slot:") == 0  # the others still run
+    wait_past(any_store, max(row(any_store, f.name).lock_until for f in expiring))
+    assert any_store.locks_count_lapsed("slot:") == 2 and any_store.locks_count_lapsed("job") == 0
+    any_store.lock_try_acquire_many(SLOTS[:2], "b", LONG, 2)
+    assert any_store.locks_count_lapsed("slot:") == 0
+
+
 def test_acquire_many_with_nothing_asked_does_nothing(any_store: Store) -> None:
     assert any_store.lock_try_acquire_many([], "a", LONG, 5) == []
     assert any_store.lock_try_acquire_many(SLOTS, "a", LONG, 0) == []

@@ -32,6 +32,19 @@ def test_a_new_member_with_zero_slots_is_short_and_acquires_its_share() -> None:
     assert balance(S, "b", [], {"a": 64}) == Balance(target=32, acquire=32, hand_back=())
 
 
+def test_lapsed_slots_are_taken_at_once_even_while_another_replica_is_short() -> None:
+    # d died holding 16 slots; e replaced it and holds none: a and b are at their share, e is short.
+    plan = balance(S, "a", list(range(16)), {"b": 16, "c": 16, "e": 0}, lapsed=16)
+    assert plan == Balance(target=16, acquire=16, hand_back=())
+    assert balance(S, "a", list(range(16)), {"b": 16, "c": 16, "e": 0}, lapsed=0).acquire == 0  # released: e's
+
+
+def test_a_replica_above_its_share_takes_lapsed_slots_before_handing_back() -> None:
+    plan = balance(S, "a", list(range(30)), {"b": 20, "c": 0}, lapsed=14)
+    assert plan == Balance(target=22, acquire=14, hand_back=())  # the surplus goes back at the next rounds
+    assert balance(S, "a", list(range(30)), {"b": 20, "c": 0}, lapsed=99).acquire == 14  # never more than free
+
+
 def test_shares_are_floor_and_ceil_and_add_up_to_every_slot() -> None:
     for replicas in range(1, 70):
         holdings = {f"r{i}": 0 for i in range(replicas)}

@@ -35,6 +35,12 @@ class LockStatements(StoreBase):
             ]
         )
 
+    def locks_count_lapsed(self, prefix: str) -> int:
+        """Rows of a prefix whose term ran out without being renewed or released (their holder stopped)."""
+        params = {"prefix": prefix, "prefix_length": len(prefix)}
+        statement = _lock_statements(self.dialect).lapsed
+        return int(self._run(lambda c: c.execute(statement, params).scalar_one()))
+
     def locks_list_held(self) -> list[LockRow]:
         """The rows whose term is still running by the database clock, by name."""
         statement = _lock_statements(self.dialect).held
@@ -146,6 +152,7 @@ class _LockStatements:
     extend: TextClause
     release: TextClause
     fence_check: TextClause
+    lapsed: TextClause
     held: TextualSelect
     delete_expired: TextClause
     existing: TextClause
@@ -219,11 +226,20 @@ def _build_lock_statements(dialect: str) -> _LockStatements:
              WHERE name = :name AND locked_by = :holder AND fence = :fence AND lock_until > {now}
             """
         ),
-        # End a running term of this holder and fence, though not before locked_at + :at_least.
+        # End a running term of this holder and fence, though not before locked_at + :at_least. A term ended
+        # now is released without a holder: only a term that ran out unrenewed keeps one (it lapsed).
         release=text(
             f"""
-            UPDATE correlation_lock SET lock_until = {greatest}({now}, {plus("locked_at", "at_least")})
+            UPDATE correlation_lock SET lock_until = {greatest}({now}, {plus("locked_at", "at_least")}),
+                   locked_by = CASE WHEN {plus("locked_at", "at_least")} <= {now} THEN '' ELSE locked_by END
              WHERE name = :name AND locked_by = :holder AND fence = :fence AND lock_until > {now}
+            """
+        ),
+        # How many rows of a prefix lapsed: ended unrenewed, their holder still named.
+        lapsed=text(
+            f"""
+            SELECT count(*) FROM correlation_lock
+             WHERE substr(name, 1, :prefix_length) = :prefix AND lock_until <= {now} AND locked_by <> ''
             """
         ),
         # Lock a lease row for the rest of a transaction and tell whether its term still runs.
