@@ -17,6 +17,9 @@ Figures (PostgreSQL; a throwaway database as in drain.py, unless ``--url`` names
 4. **cold start**: 20 000 messages over 1 000 hints already in the table, from starting the process to the
    table empty (default settings but the initial delay, PT0S).
 5. **scale**: 20 000 no-op messages drained by 1, 2 and 4 replicas (``cluster.py``); reference: one replica.
+6. **kill storm**: four replicas under a steady stream, one SIGKILLed and replaced every 3 s for 60 s
+   (``storm.py``): how soon each victim's slots are leased again and called again; reference: the bound
+   ``LEASE__DURATION + LEASE__RENEW_INTERVAL``.
 
 ``--quick`` divides the message counts by ten (a smoke test of the harness, not figures to quote).
 """
@@ -35,6 +38,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import storm
 from cluster import (
     Replica,
     measure_floor,
@@ -145,6 +149,16 @@ def scale_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, s
     ]
 
 
+def storm_rows(url: str, seconds: float, log_dir: Path) -> list[Row]:
+    deaths = storm.run(url, seconds, 3.0, log_dir)
+    retaken, called = storm.summary(deaths)
+    bound = f"bound DURATION + RENEW_INTERVAL = {storm.LEASE_SECONDS + storm.RENEW_SECONDS:g} s"
+    holding = sum(1 for death in deaths if death.slots)
+    what = f"kill storm, 4 replicas, one SIGKILLed every 3 s for {seconds:g} s ({holding} deaths holding slots)"
+    return [Row(f"{what}: slots leased again", retaken.removeprefix("re-taken "), bound),
+            Row(f"{what}: their work called again", called.removeprefix("called "), bound)]
+
+
 def print_table(rows: Sequence[Row]) -> None:
     widths = [max(len(getattr(row, column)) for row in rows) for column in ("figure", "value", "reference")]
     header = ("figure", "value", "reference in the same run")
@@ -185,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("drain", lambda: drain_rows(database_url, driver, 100_000 // scale, log_dir, slots)),
             ("cold start", lambda: [cold_start_row(database_url, driver, 20_000 // scale, log_dir, slots)]),
             ("scale", lambda: scale_rows(database_url, driver, 20_000 // scale, log_dir, slots)),
+            ("kill storm", lambda: storm_rows(database_url, 60.0 / scale, log_dir)),
         ]
         for name, step in steps:
             started = time.monotonic()

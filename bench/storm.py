@@ -86,7 +86,8 @@ def produce(conninfo: str, hints: Sequence[str], stop: threading.Event) -> None:
             chosen = [hints[(position + n) % len(hints)] for n in range(batch)]
             position += batch
             connection.execute(
-                "INSERT INTO correlation_message (message_name, correlation_hint) SELECT 'storm', h FROM unnest(%s::text[]) h",
+                "INSERT INTO correlation_message (message_name, correlation_hint)"
+                " SELECT 'storm', h FROM unnest(%s::text[]) h",
                 (chosen,),
             )
     finally:
@@ -185,10 +186,13 @@ def _last(times: Sequence[float | None], since: float) -> float | None:
 
 
 def summary(deaths: Sequence[Death]) -> tuple[str, str]:
+    """The spans of the two delays over the deaths of replicas that held slots (one killed before it took any
+    has nothing to hand on)."""
     bound = LEASE_SECONDS + RENEW_SECONDS
-    retaken = [d.retaken for d in deaths if d.retaken is not None]
-    called = [d.called for d in deaths if d.called is not None]
-    missing = sum(1 for d in deaths if d.retaken is None or d.called is None)
+    holding = [d for d in deaths if d.slots]
+    retaken = [d.retaken for d in holding if d.retaken is not None]
+    called = [d.called for d in holding if d.called is not None]
+    missing = sum(1 for d in holding if d.retaken is None or d.called is None)
 
     def span(values: list[float]) -> str:
         over = sum(1 for value in values if value > bound)
@@ -216,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{'never' if death.retaken is None else f'{death.retaken:.2f} s'}, called after "
               f"{'never' if death.called is None else f'{death.called:.2f} s'}")
     retaken, called = summary(deaths)
-    print(f"{len(deaths)} deaths: {retaken}; {called}; bound DURATION + RENEW_INTERVAL = "
+    holding = sum(1 for death in deaths if death.slots)
+    print(f"{len(deaths)} deaths ({holding} holding slots): {retaken}; {called}; bound DURATION + RENEW_INTERVAL = "
           f"{LEASE_SECONDS + RENEW_SECONDS:g} s")
     return 0
 
