@@ -514,7 +514,9 @@ class Engine:
         got = {work.hint for work in works}
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
-            state.cursor = candidates.fresh[-1] if candidates.fresh else ""
+            # Cut by the budget: the next fetch goes on after the last hint taken (every hint gets its turn).
+            # Not cut: every fresh hint was seen, so the next fetch starts over, one statement, no wrap round.
+            state.cursor = candidates.fresh[-1] if len(candidates.fresh) >= budget else ""
             for work in works:
                 self._busy[work.hint] = work
             self._tally["_fetched"] += fetched
