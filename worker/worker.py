@@ -299,7 +299,7 @@ class Worker:
             threading.Thread(
                 target=self._every,
                 args=("leases", timedelta(0), self.settings.lease.renew_interval, self.leaser.run_once),
-                kwargs={"until": self.leases_done},
+                kwargs={"until": self.leases_done, "sooner": self.leaser.next_round_in},
                 name="leases",
                 daemon=True,
             ),
@@ -371,10 +371,12 @@ class Worker:
         work: Callable[[], None],
         alive: Callable[[], None] = lambda: None,
         until: threading.Event | None = None,
+        sooner: Callable[[], float | None] = lambda: None,
     ) -> None:
         """Run ``work`` after the initial delay, then every interval, until ``until`` (default: stopping) is set.
 
-        ``alive`` is called at least every second: liveness.
+        ``alive`` is called at least every second: liveness. ``sooner`` may ask for the next run earlier than
+        the interval (in seconds from now).
         """
         done = until or self.stopping
         self._wait(initial_delay.total_seconds(), alive, done)
@@ -387,7 +389,9 @@ class Worker:
                 logger.warning("%s: %s", name, error)
             except Exception:  # a bug must not kill the loop; it is logged and the loop goes on
                 logger.exception("%s failed", name)
-            self._wait(interval.total_seconds(), alive, done)
+            earlier = sooner()
+            wait = interval.total_seconds()
+            self._wait(wait if earlier is None else min(wait, earlier), alive, done)
 
     def _wait(self, seconds: float, alive: Callable[[], None], done: threading.Event | None = None) -> None:
         event = done or self.stopping

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from tests.conftest import left
+from tests.integration.test_locks import wait_past
 from worker.db.calls import SlotWrite
 from worker.db.store import LeaseLost, NewMessage, Store
 from worker.engine.leases import MEMBER_PREFIX, SlotLeaseConfig, SlotLeaser, member_lock_name, slot_lock_name
@@ -174,6 +175,31 @@ def test_a_frozen_leaser_loses_its_slots_after_the_lease_and_its_commit_is_fence
     with pytest.raises(LeaseLost):
         frozen.fences(slot)
     rounds_until([live, frozen], lambda: counts([live, frozen]) == [32, 32])
+
+
+def test_a_dead_replicas_slots_are_taken_by_a_round_just_after_its_terms_end_even_with_a_new_replica_short(
+    store: Store,
+) -> None:
+    """The survivor's next round is due when the dead replica's terms end (not a renew interval later), and it
+    takes every lapsed slot although the replacement, which joined meanwhile, is short of its share."""
+    survivor, dead = leaser(store, "survivor", SHORT), leaser(store, "dead", SHORT)
+    rounds_until([survivor, dead], lambda: counts([survivor, dead]) == [32, 32])
+    dead.run_once()  # its last renewal; then it runs no more rounds
+    time.sleep(0.4)
+    replacement = leaser(store, "replacement", SHORT)
+    replacement.run_once()  # joins (a member with no slot: short of its share), nothing free yet
+    survivor.run_once()
+    dead_until = max(row.lock_until for row in store.locks_list_held() if row.locked_by == dead.holder)
+    due = survivor.next_round_in()
+    left_of_term = (dead_until - store.now()).total_seconds()
+    assert due is not None and left_of_term - 0.1 <= due <= left_of_term + 0.2, (due, left_of_term)
+    time.sleep(due)
+    wait_past(store, dead_until)
+    taken = survivor.run_once()
+    assert taken.acquired == 32  # every lapsed slot, the replacement short of its share or not
+    assert dead.holder not in {row.locked_by for row in store.locks_list_held()}
+    assert store.locks_count_lapsed("slot:") == 0  # lapsed slots first, before those handed back
+    rounds_until([survivor, replacement], lambda: balanced([survivor, replacement]))  # the shares come back
 
 
 def test_a_released_slot_has_a_higher_fence_when_acquired_again(store: Store) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, select, text
@@ -45,6 +45,15 @@ class LockStatements(StoreBase):
         """The rows whose term is still running by the database clock, by name."""
         statement = _lock_statements(self.dialect).held
         return self._run(lambda c: [_lock_row(r) for r in c.execute(statement)])
+
+    def locks_view(self) -> tuple[list[LockRow], datetime]:
+        """The rows whose term is still running, by name, and the database clock they were read at."""
+        statement = _lock_statements(self.dialect).held
+
+        def work(connection: Connection) -> tuple[list[LockRow], datetime]:
+            return [_lock_row(r) for r in connection.execute(statement)], self._now(connection)
+
+        return self._run(work)
 
     def lock_try_acquire(self, name: str, holder: str, lock_at_most_for: timedelta) -> Fence | None:
         """Take the named lock if it is free or expired (creating its row if missing); None if it is held.
@@ -204,13 +213,14 @@ def _build_lock_statements(dialect: str) -> _LockStatements:
             ON CONFLICT (name) DO NOTHING
             """
         ),
-        # Take up to :limit of the named locks whose term has ended, skipping rows another replica is taking.
+        # Take up to :limit of the named locks whose term has ended, skipping rows another replica is taking;
+        # lapsed ones first (their holder stopped: their work waits), then released ones.
         acquire_many=text(
             f"""
             WITH free AS {"MATERIALIZED" if skip_locked else ""} (
                 SELECT name FROM correlation_lock
                  WHERE name IN :names AND lock_until <= {now}
-                 ORDER BY name LIMIT :limit
+                 ORDER BY locked_by = '', name LIMIT :limit
                  {skip_locked}
             )
             UPDATE correlation_lock

@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from worker.config import format_duration
 from worker.db.store import Fence, LeaseLost, LockRow, Store, StoreError
@@ -69,6 +69,7 @@ DEFAULT_LEASE = timedelta(seconds=40)
 DEFAULT_RENEW_INTERVAL = timedelta(seconds=5)  # at most a third of the lease
 DEFAULT_SAFETY_MARGIN = timedelta(seconds=5)  # stop offering a slot this long before its term can end
 DEFAULT_DRAIN = timedelta(seconds=5)  # a handed-back slot is withheld from the poller this long first
+LAPSE_LOOK_AFTER = 0.05  # seconds after another replica's term would end that a round looks whether it lapsed
 
 
 def slot_lock_name(slot: int) -> str:
@@ -191,6 +192,9 @@ class SlotLeaser:
         self.on_acquired: Callable[[Sequence[int]], None] = lambda slots: None
         self._failing_since: float | None = None  # monotonic: the first of the rounds failing since
         self._failure = ""
+        # Monotonic time at which the earliest term another replica holds ends unless renewed: a round then
+        # takes the slot at once if it lapsed (its holder died), instead of at the next regular round.
+        self._next_lapse: float | None = None
 
     # -- the engine's view (SlotSource) ---------------------------------------------------------------------
 
@@ -284,7 +288,10 @@ class SlotLeaser:
             renewed, lost = self._renew()
             self._keep_membership()
             released = self._release_drained()
-            others, untracked = self._view(self.store.locks_list_held())
+            rows, database_now = self.store.locks_view()
+            sent = self._monotonic()
+            others, untracked = self._view(rows)
+            self._next_lapse = self._earliest_end(rows, database_now, sent)
             acquired = self._adopt(untracked)
             lapsed = self.store.locks_count_lapsed(SLOT_PREFIX)
             plan = balance(self.slot_count, self.holder, self._kept_slots(), others, lapsed)
@@ -303,6 +310,22 @@ class SlotLeaser:
                 result.held, result.target, self.slot_count, result.replicas, acquired, lost, released,
             )
         return result
+
+    def next_round_in(self) -> float | None:
+        """Seconds until a round should look again because another replica's term may lapse by then (just
+        after it ends, by the database clock); None when no other replica holds a slot."""
+        if self._next_lapse is None:
+            return None
+        return max(0.0, self._next_lapse - self._monotonic()) + LAPSE_LOOK_AFTER
+
+    def _earliest_end(self, rows: Sequence[LockRow], database_now: datetime, now: float) -> float | None:
+        ends = [
+            row.lock_until for row in rows
+            if slot_of(row.name) is not None and row.locked_by and row.locked_by != self.holder
+        ]
+        if not ends:
+            return None
+        return now + max(0.0, (min(ends) - database_now).total_seconds())
 
     def release_all(self) -> int:
         """Give the slots (and the membership) back at once, for shutdown; returns how many slots.
