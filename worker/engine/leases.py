@@ -152,6 +152,7 @@ class _Lease:
     fence: Fence
     safe_until: float  # monotonic seconds: stop offering the slot after this
     draining_since: float | None = None  # monotonic seconds: withheld from the poller, to be released
+    acquired_at: float = 0.0  # monotonic seconds: when this term was taken
 
 
 class SlotLeaser:
@@ -362,8 +363,11 @@ class SlotLeaser:
     # -- the steps of a round -------------------------------------------------------------------------------
 
     def _kept_slots(self) -> list[int]:
+        """The slots kept (not being handed back), newest terms first: a hand-back takes the last ones, held
+        longest, and leaves a slot just taken over (its waiting work not fetched yet) where it is."""
         with self._state:
-            return sorted(lease.slot for lease in self._leases.values() if lease.draining_since is None)
+            kept = [lease for lease in self._leases.values() if lease.draining_since is None]
+        return [lease.slot for lease in sorted(kept, key=lambda lease: (-lease.acquired_at, lease.slot))]
 
     def _renew(self) -> tuple[int, int]:
         with self._state:
@@ -450,7 +454,7 @@ class SlotLeaser:
             for fence in fences:
                 slot = slot_of(fence.name)
                 assert slot is not None
-                self._leases[slot] = _Lease(slot, fence, sent + self._safe_for)
+                self._leases[slot] = _Lease(slot, fence, sent + self._safe_for, acquired_at=sent)
         self.metrics.lease_acquisitions.inc(len(fences))
 
     def _start_draining(self, slots: Sequence[int]) -> None:

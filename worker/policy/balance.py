@@ -48,7 +48,8 @@ def balance(
     ``mine``: the slots this replica holds; ``others``: every other live replica and how many slots it
     holds (zero for one that only renews its membership); ``lapsed``: free slots whose term ran out unrenewed.
     Surplus is handed back only while the other replicas' shortfall exceeds the free slots (which they can
-    take themselves), never below the share; the highest-numbered slots go first. With no other replica
+    take themselves), never below the share; the last of ``mine`` go first (the leaser lists its slots newest
+    term first, so that those it has held longest go back). With no other replica
     short, every free slot is taken; lapsed slots are taken in any case.
     """
     holdings = {**others, me: len(mine)}
@@ -65,5 +66,5 @@ def balance(
     if lapsed:  # held again first; the surplus goes back at the next rounds
         return Balance(target, lapsed, ())
     give = min(len(mine) - target, max(0, shortfall - free))
-    ordered = sorted(mine)
+    ordered = list(mine)
     return Balance(target, 0, tuple(ordered[len(ordered) - give :]))
