@@ -44,12 +44,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
-from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database
+from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database, migrate
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
-from worker.config import DatabaseSettings
-from worker.db.store import Store, StoreError, build_engine, normalise_url
+from worker.db.store import StoreError, normalise_url
 from worker.engine.leases import SLOT_PREFIX
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -616,12 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[ClusterFigures] = []
     with ExitStack() as stack:
         database_url = stack.enter_context(bench_database(url))
-        store = Store(build_engine(DatabaseSettings(url=database_url)))
-        try:
-            store.schema_migrate()
-            args.slots = store.slot_count
-        finally:
-            store.close()
+        args.slots = migrate(database_url)
         driver = PostgresDriver(database_url)
         stack.callback(driver.close)
         present = driver.count()

@@ -265,6 +265,16 @@ def connect_driver(url: str) -> Driver:
 # -- one run -------------------------------------------------------------------------------------------------
 
 
+def migrate(url: str) -> int:
+    """Bring the database's schema up to date; its slot count."""
+    store = Store(build_engine(DatabaseSettings(url=url)))
+    try:
+        store.schema_migrate()
+        return store.slot_count
+    finally:
+        store.close()
+
+
 def settings_for(url: str, page_size: int, concurrency: int) -> Settings:
     """The engine's settings for the drain; the correlator is given to the engine directly."""
     return Settings(

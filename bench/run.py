@@ -48,12 +48,11 @@ from cluster import (
     wait_for,
     worker_env,
 )
-from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database
+from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database, migrate
 from latency import percentile
 from latency import run as latency_run
 
-from worker.config import DatabaseSettings
-from worker.db.store import Store, build_engine, normalise_url
+from worker.db.store import normalise_url
 
 CALL_MS = 10.0
 SLOW_LANES = 32
@@ -182,12 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     with ExitStack() as stack:
         database_url = stack.enter_context(bench_database(url))
-        store = Store(build_engine(DatabaseSettings(url=database_url)))
-        try:
-            store.schema_migrate()
-            slots = store.slot_count
-        finally:
-            store.close()
+        slots = migrate(database_url)
         driver = PostgresDriver(database_url)
         stack.callback(driver.close)
         if driver.count() or slot_terms(driver):

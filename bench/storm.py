@@ -34,10 +34,9 @@ from pathlib import Path
 
 import psycopg
 from cluster import Replica, slot_terms, spread, wait_for, worker_env
-from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, _conninfo, bench_database
+from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, _conninfo, bench_database, migrate
 
-from worker.config import DatabaseSettings
-from worker.db.store import Store, build_engine, normalise_url
+from worker.db.store import normalise_url
 
 LEASE_SECONDS, RENEW_SECONDS = 6.0, 2.0
 SETTINGS = {
@@ -210,9 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         url = stack.enter_context(bench_database(normalise_url(args.url)))
-        store = Store(build_engine(DatabaseSettings(url=url)))
-        store.schema_migrate()
-        store.close()
+        migrate(url)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cw-storm-")))
         deaths = run(url, args.seconds, args.every, log_dir)
     for death in deaths:
