@@ -49,8 +49,8 @@ def balance(
     holds (zero for one that only renews its membership); ``lapsed``: free slots whose term ran out unrenewed.
     Surplus is handed back only while the other replicas' shortfall exceeds the free slots (which they can
     take themselves), never below the share; the last of ``mine`` go first (the leaser lists its slots newest
-    term first, so that those it has held longest go back). With no other replica
-    short, every free slot is taken; lapsed slots are taken in any case.
+    term first, so that those it has held longest go back). With no other replica short, every free slot is
+    taken; lapsed slots are taken in any case.
     """
     holdings = {**others, me: len(mine)}
     shares = fair_shares(slot_count, holdings)
