@@ -85,7 +85,9 @@ def test_after_a_pause_returns_no_call_of_it_starts_and_its_fetched_work_waits_i
 ) -> None:
     worker = start_worker(pg_db, poll__concurrency="4", poll__interval="PT1S")
     paused = [pg_db.insert("order.step", "order-paused", {"seq": n, "sleep_seconds": 0.1}) for n in range(40)]
-    by_name = [pg_db.insert("audit.step", f"audit-{n}", {"seq": 0, "sleep_seconds": 0.2}) for n in range(100)]
+    # Ten seconds of calls for the four lanes: the two CLI processes pausing them return well before they end,
+    # however slow the machine is at starting a process.
+    by_name = [pg_db.insert("audit.step", f"audit-{n}", {"seq": 0, "sleep_seconds": 0.4}) for n in range(100)]
     other = [pg_db.insert("order.step", f"order-{n}", {"seq": 0}) for n in range(5)]
     wait_until(lambda: len(pg_db.calls_of(*paused)) >= 3 and pg_db.calls_of(*by_name), what="calls under way",
                workers=[worker])
