@@ -253,6 +253,18 @@ class StoreBase:
         with self._transaction() as connection:
             return work(connection)
 
+    def _statements(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` on a connection where each statement is its own transaction (no BEGIN or COMMIT
+        round trips; PostgreSQL)."""
+        try:
+            with self._autocommit.connect() as connection:
+                return work(connection)
+        except DBAPIError as error:
+            translated = translate(error)
+            if translated is None:
+                raise
+            raise translated from error
+
     def _write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a write transaction."""
         with self._transaction(write=True) as connection:

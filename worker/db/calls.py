@@ -223,6 +223,50 @@ _RETURN_CALLS_PG = text(
     "UPDATE correlation_call SET state = 'returned' WHERE message_id = ANY(CAST(:ids AS bigint[]))"
 )
 
+# The common flush in one round trip, its own transaction: only successes, all of calls under terms, nothing to
+# unmark or abandon. The same steps as the statements above, as parts of one statement sharing its snapshot: the
+# call rows locked, those still under the term the outcome was made in kept; their message rows locked, skipping
+# those held elsewhere; those locked become their records (or leave); the others still in the snapshot are
+# deferred (their calls marked returned) and the rest are gone. Rows locked by other sessions are never waited
+# for, so the statement keeps the plans of the separate ones: each part an index probe per id.
+_FLUSH_SUCCESSES_PG = """
+    WITH v AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
+                             CAST(:results AS text[])) AS v(id, slot, fence, result)
+    ), calls AS MATERIALIZED (
+        SELECT c.message_id, c.slot, c.fence FROM correlation_call c
+         WHERE c.message_id = ANY(CAST(:ids AS bigint[])) FOR UPDATE
+    ), marked AS MATERIALIZED (
+        SELECT v.id, v.result FROM v JOIN calls c ON c.message_id = v.id AND c.slot = v.slot AND c.fence = v.fence
+    ), locked AS MATERIALIZED (
+        SELECT m.id, k.result FROM marked k JOIN correlation_message m ON m.id = k.id
+         WHERE m.state <> 'delivered' FOR UPDATE OF m SKIP LOCKED
+    ), present AS MATERIALIZED (
+        SELECT m.id FROM correlation_message m
+         WHERE m.id = ANY(ARRAY(SELECT id FROM marked EXCEPT SELECT id FROM locked)) AND m.state <> 'delivered'
+    ), finished AS (
+        {finish}
+    ), released AS (
+        DELETE FROM correlation_call c
+         WHERE c.message_id = ANY(ARRAY(SELECT id FROM marked EXCEPT SELECT id FROM present))
+    ), returned AS (
+        UPDATE correlation_call c SET state = 'returned' WHERE c.message_id = ANY(ARRAY(SELECT id FROM present))
+    )
+    SELECT ARRAY(SELECT id FROM marked), ARRAY(SELECT id FROM locked), ARRAY(SELECT id FROM present)
+"""
+_FLUSH_SUCCESSES_RECORD_PG = text(
+    _FLUSH_SUCCESSES_PG.format(
+        finish=f"""UPDATE correlation_message AS m SET {_RECORD_SET.format(now='now()')},
+                   result = CAST(r.result AS jsonb)
+              FROM locked r WHERE m.id = r.id"""
+    )
+)
+_FLUSH_SUCCESSES_DELETE_PG = text(
+    _FLUSH_SUCCESSES_PG.format(
+        finish="DELETE FROM correlation_message m USING locked r WHERE m.id = r.id"
+    )
+)
+
 # Calls that were not made after all (their rows leave), and calls given up on at shutdown (kept, never blamed).
 _UNMARK_PG = text(
     """
@@ -402,11 +446,7 @@ class CallStatements(LockStatements):
             "holders": columns["holders"],
             "states": columns["states"],
         }
-        try:
-            with self._autocommit.connect() as connection:
-                rows = connection.execute(_MARK_PG, params).all()
-        except DBAPIError as error:
-            raise (translate(error) or error) from error
+        rows = self._statements(lambda connection: connection.execute(_MARK_PG, params).all())
         by_term = {(fence.name, fence.fence): fence for fence in terms}
         remaining = {by_term[(row[0], row[1])]: float(row[2]) for row in rows if row[0] is not None}
         refused = {row[3] for row in rows if row[3] is not None}
@@ -446,12 +486,36 @@ class CallStatements(LockStatements):
         if not any(w.dispositions or w.unmark or w.abandon for w in writes):
             return FlushOutcome()
         if self.dialect == "postgresql":
+            if all(_only_successes(w) for w in writes) and not __import__("os").environ.get("NOFUSE"):
+                try:
+                    return self._statements(partial(self._flush_successes, writes=writes))
+                except (StoreError, DBAPIError) as error:  # a value refused: the steps below find which
+                    if isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
+                        raise
             try:
                 return self._write(partial(self._record, writes=writes, one_by_one=False))
             except (StoreError, DBAPIError) as error:
                 if isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
                     raise
         return self._write(partial(self._record, writes=writes, one_by_one=True))
+
+    def _flush_successes(self, connection: Connection, writes: Sequence[SlotWrite]) -> FlushOutcome:
+        done = [(w, d) for w in writes for d in w.dispositions]
+        statement = _FLUSH_SUCCESSES_RECORD_PG if self.keep_records else _FLUSH_SUCCESSES_DELETE_PG
+        params = {
+            "ids": _ints(d.message_id for _, d in done),
+            "slots": _ints(w.slot for w, _ in done),
+            "fences": _ints(w.fence.fence for w, _ in done if w.fence is not None),
+            "results": [d.result for _, d in done],
+            "by": self.finished_by,
+        }
+        marked, locked, present = (set(ids) for ids in connection.execute(statement, params).one())
+        return FlushOutcome(
+            written=frozenset(locked),
+            gone=frozenset(marked - locked - present),
+            deferred=frozenset(present),
+            fenced=frozenset(d.message_id for _, d in done) - marked,
+        )
 
     def _record(self, connection: Connection, writes: Sequence[SlotWrite], *, one_by_one: bool) -> FlushOutcome:
         fenced = [(w, d) for w in writes if w.fence is not None for d in w.dispositions]
@@ -770,6 +834,14 @@ class _Result:
             frozenset(self.written), frozenset(self.gone), frozenset(self.deferred), dict(self.failed),
             frozenset(self.fenced),
         )
+
+
+def _only_successes(write: SlotWrite) -> bool:
+    """A write of successes of calls under a term alone (the one-statement flush)."""
+    return (
+        write.fence is not None and not write.unmark and not write.abandon
+        and all(d.kind is Kind.DELETE for d in write.dispositions)
+    )
 
 
 def _transient(error: DBAPIError) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import ARRAY, BigInteger, Integer, Text, bindparam, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
@@ -39,6 +40,14 @@ from worker.policy.outcomes import storable_text
 
 
 @dataclass(frozen=True, slots=True)
+class HorizonReading:
+    """The id sequence's last value and the producer transactions still registered (see policy.horizon)."""
+
+    last_id: int
+    pins: tuple[tuple[int, str], ...]  # (every id of it is above this, the transaction holding it)
+
+
+@dataclass(frozen=True, slots=True)
 class Candidates:
     """A slot's hints that may have work now."""
 
@@ -46,6 +55,7 @@ class Candidates:
     due: tuple[str, ...]  # hints with a delayed message that is due now
     next_due: datetime | None  # the earliest due time still to come in the slot
     now: datetime  # the database clock when they were read
+    horizon: HorizonReading | None = None  # the commit-order horizon read by the same statement (PostgreSQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +66,6 @@ class Fetched:
     unreadable: tuple[Unreadable, ...]
     now: datetime
     in_flight: frozenset[int] = frozenset()  # ids of messages with a call in flight (a batch ends before one)
-
-
-@dataclass(frozen=True, slots=True)
-class HorizonReading:
-    """The id sequence's last value and the producer transactions still registered (see policy.horizon)."""
-
-    last_id: int
-    pins: tuple[tuple[int, str], ...]  # (every id of it is above this, the transaction holding it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,19 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
     pg = dialect == "postgresql"
     kept = "<> ALL(CAST(:skip AS text[]))" if pg else "NOT IN (SELECT value FROM json_each(:skip))"
     no_time = "CAST(NULL AS timestamptz)" if dialect == "postgresql" else "NULL"
+    # PostgreSQL: the commit-order horizon's reading comes with the clock (it must be read before the batches'
+    # snapshot, and a reading this recent serves them), saving the fetch a round trip of its own.
+    with_horizon = pg and not wrap
+    extra = (
+        ", CAST(NULL AS bigint) AS last_id, CAST(NULL AS bigint[]) AS pin_ids, CAST(NULL AS text[]) AS pin_holders"
+        if with_horizon
+        else ""
+    )
+    clock = (
+        f"SELECT 't', NULL, {now}, h.last_id, h.pin_ids, h.pin_holders FROM correlation_order_horizon() AS h"
+        if with_horizon
+        else f"SELECT 't', NULL, {now}"
+    )
     fresh = "m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NULL"
     bound = "AND m.correlation_hint <= :after" if wrap else ""
     start = "''" if wrap else ":after"
@@ -109,19 +124,19 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
                      ORDER BY m.correlation_hint LIMIT 1)
               FROM fresh WHERE fresh.hint IS NOT NULL
         )
-        SELECT 'f' AS kind, hint, {no_time} AS due FROM (
+        SELECT 'f' AS kind, hint, {no_time} AS due{extra} FROM (
             SELECT hint FROM fresh WHERE hint IS NOT NULL AND hint {kept} LIMIT :budget) AS f
         UNION ALL
-        SELECT 'd', hint, {no_time} FROM (
+        SELECT 'd', hint, {no_time}{extra} FROM (
             SELECT m.correlation_hint AS hint FROM correlation_message m
              WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NOT NULL
                AND m.next_attempt_at <= {now} AND m.correlation_hint {kept}
              ORDER BY m.next_attempt_at LIMIT :budget) AS d
         UNION ALL
         SELECT 'n', NULL, (SELECT min(m.next_attempt_at) FROM correlation_message m
-                            WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at > {now})
+                            WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at > {now}){extra}
         UNION ALL
-        SELECT 't', NULL, {now}
+        {clock}
         """
     ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
 
@@ -199,6 +214,34 @@ def _statement(dialect: str, name: str, variant: object, build: Callable[[], Tex
     return statement
 
 
+# The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone.
+_PIPELINE = psycopg.Pipeline.is_supported()
+_GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
+
+def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list[Any]:
+    """The rows of a statement run with its generic plan, in one round trip and a transaction of its own (so
+    that the setting ends with it whatever happens), on a connection in autocommit; else as it is.
+
+    For the batches' statement a plan made for the values at hand costs more to make (about half a millisecond
+    here) than the generic one costs to run, yet PostgreSQL's own choice stays with such plans when the batch
+    is one hint's.
+    """
+    with driver.cursor(binary=True) as cursor:
+        if not (_PIPELINE and driver.autocommit):
+            return cursor.execute(sql, params).fetchall()  # type: ignore[no-any-return]
+        try:
+            with driver.pipeline():
+                driver.execute("BEGIN")
+                driver.execute(_GENERIC_PLAN)
+                cursor.execute(sql, params)
+                driver.execute("COMMIT")
+        except Exception:
+            if driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                driver.rollback()
+            raise
+        return cursor.fetchall()  # type: ignore[no-any-return]
+
+
 # The commit-order horizon's reading (PostgreSQL): see schema/ddl/0003 and worker.policy.horizon.
 _HORIZON = text("SELECT last_id, pin_ids, pin_holders FROM correlation_order_horizon()")
 
@@ -255,14 +298,15 @@ class FetchStatements(StoreBase):
         those hints' batches below it. ``skip``: hints this replica is busy with (not candidates).
 
         The batches must be read from a snapshot taken after ``choose`` ran (which looks at what this replica
-        is still busy with): on PostgreSQL every statement of a READ COMMITTED transaction takes a new one, so
-        one transaction serves; SQLite keeps one snapshot per transaction, so the batches get a second one.
+        is still busy with) and after the horizon was read: on PostgreSQL each statement runs on its own (the
+        candidates' statement reads the horizon too); SQLite keeps one snapshot per transaction, so the
+        batches get a second one.
         """
 
         def batches(connection: Connection, candidates: Candidates, hints: Sequence[str]) -> Fetched:
             if not hints:
                 return Fetched((), (), candidates.now)
-            limit_id = horizon(lambda: self._horizon(connection) if self.dialect == "postgresql" else None)
+            limit_id = horizon(lambda: candidates.horizon)
             return self._batches(connection, hints, limit_id, per_hint, limit, mode, candidates.now)
 
         if self.dialect == "sqlite":
@@ -270,11 +314,13 @@ class FetchStatements(StoreBase):
             hints = choose(candidates)
             return candidates, self._run(lambda c: batches(c, candidates, hints))
 
+        # Two statements, each its own transaction (no BEGIN, no COMMIT): the candidates with the horizon's
+        # reading, then the batches from a snapshot taken after it.
         def work(connection: Connection) -> tuple[Candidates, Fetched]:
             candidates = self._candidates(connection, slot, after, budget, skip)
             return candidates, batches(connection, candidates, choose(candidates))
 
-        return self._run(work)
+        return self._statements(work)
 
     def _candidates(
         self, connection: Connection, slot: int, after: str, budget: int, skip: Sequence[str] = ()
@@ -295,12 +341,12 @@ class FetchStatements(StoreBase):
         times = {row.kind: sqlite_time(row.due) for row in rows if row.kind in ("n", "t")}
         now = times["t"]
         assert now is not None
-        return Candidates(tuple(fresh), due, times.get("n"), now)
+        clock = next(row for row in rows if row.kind == "t")
+        reading = _horizon_reading(clock) if self.dialect == "postgresql" else None
+        return Candidates(tuple(fresh), due, times.get("n"), now, reading)
 
     def _horizon(self, connection: Connection) -> HorizonReading:
-        row = connection.execute(_HORIZON).one()
-        pins = tuple(zip(row.pin_ids or (), row.pin_holders or (), strict=True))
-        return HorizonReading(int(row.last_id), tuple((int(after), str(holder)) for after, holder in pins))
+        return _horizon_reading(connection.execute(_HORIZON).one())
 
     def _batches(
         self,
@@ -321,9 +367,7 @@ class FetchStatements(StoreBase):
             # built by the driver alone cost a fraction of the general result machinery.
             params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
             driver = connection.connection.driver_connection
-            with driver.cursor(binary=True) as cursor:  # type: ignore[union-attr]
-                cursor.execute(_driver_sql(statement), params)
-                rows: list[Any] = cursor.fetchall()
+            rows: list[Any] = _rows_of_generic_plan(driver, _driver_sql(statement), params)
         else:
             rows = []
             for hint in hints:
@@ -383,6 +427,11 @@ class FetchStatements(StoreBase):
                 if oldest is None or message.created_at < oldest:
                     oldest = message.created_at
         return oldest
+
+
+def _horizon_reading(row: Any) -> HorizonReading:
+    pins = tuple(zip(row.pin_ids or (), row.pin_holders or (), strict=True))
+    return HorizonReading(int(row.last_id), tuple((int(after), str(holder)) for after, holder in pins))
 
 
 def _pause(row: Any) -> Pause:

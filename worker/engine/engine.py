@@ -64,7 +64,6 @@ logger = logging.getLogger(__name__)
 
 FETCHERS = 2  # threads fetching slots (one slot by one fetcher at a time): database round trips overlap
 MARKERS = 2  # threads writing marks of calls in flight (each a statement of many lanes' runs)
-HORIZON_REUSE = 0.002  # seconds a horizon reading serves later fetches (it stays valid, only conservative)
 HELD_RETRY = 0.05  # seconds before a slot held back by the horizon is fetched again
 ADOPT_RETRY = 0.25  # seconds before a slot with lost calls left unadopted (rows locked elsewhere) is tried again
 # Calls of an ended term are adopted when the slot is taken, and looked for again once a poll (at least this
@@ -197,8 +196,7 @@ class Engine:
         self._resting: dict[str, float] = {}
         self._tally: Counter[str] = Counter()
         self._pins = PinClock()
-        self._horizon_lock = threading.Lock()  # the pin clock and the last reading, shared by the fetchers
-        self._horizon: tuple[float, Horizon] | None = None
+        self._horizon_lock = threading.Lock()  # the pin clock, shared by the fetchers
         self._pauses: tuple[float, list[Pause]] | None = None
         # What the durable pauses hold back now, read by lanes before every call: (everything, names, hints).
         self._held: tuple[bool, frozenset[str], frozenset[str]] = (False, frozenset(), frozenset())
@@ -580,19 +578,13 @@ class Engine:
             del self._resting[hint]
 
     def _horizon_now(self, now: float, read: Callable[[], HorizonReading | None]) -> Horizon | None:
-        """The commit-order horizon, read again unless a very recent reading can serve (it stays valid)."""
-        with self._horizon_lock:
-            return self._horizon_reading(now, read)
-
-    def _horizon_reading(self, now: float, read: Callable[[], HorizonReading | None]) -> Horizon | None:
-        cached = self._horizon
-        if cached is not None and now - cached[0] < HORIZON_REUSE:
-            return cached[1]
+        """The commit-order horizon from the fetch's own reading (the pin clock is shared by the fetchers)."""
         reading = read()
         if reading is None:
             return None
         pins = [Pin(after, holder) for after, holder in reading.pins]
-        result = horizon(reading.last_id, pins, self._pins, now, self.settings.order.max_wait.total_seconds())
+        with self._horizon_lock:
+            result = horizon(reading.last_id, pins, self._pins, now, self.settings.order.max_wait.total_seconds())
         if result.passed_over:
             self.metrics.order_wait_timeouts.inc(result.passed_over)
             logger.warning(
@@ -600,7 +592,6 @@ class Engine:
                 "messages; an earlier message of theirs may be correlated after a later one of its hint",
                 result.passed_over, format_duration(self.settings.order.max_wait),
             )
-        self._horizon = (now, result)
         return result
 
     def _pause_list(self, now: float) -> list[Pause]:
