@@ -124,7 +124,9 @@ class Committer:
         self.metrics = metrics
         self._on_lease_lost = on_lease_lost
         self._monotonic = monotonic
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the recorder's wake-ups (outcomes, withdrawn marks, a stop)
+        self._marks_wanted = threading.Condition(lock)  # the markers' (a mark asked for, a stop): one each
         self._queued: list[Outcomes] = []
         self._deferred: list[Outcomes] = []
         self._requests: list[MarkTicket] = []
@@ -160,7 +162,7 @@ class Committer:
                 ticket.answer(None, frozenset(), ticket.asked)
                 return ticket
             self._requests.append(ticket)
-            self._cond.notify_all()
+            self._marks_wanted.notify()
         return ticket
 
     def withdraw(self, ticket: MarkTicket) -> None:
@@ -182,7 +184,7 @@ class Committer:
         while True:
             with self._cond:
                 while not self._requests and not self._stopping:
-                    self._cond.wait(1.0)
+                    self._marks_wanted.wait(1.0)
                 requests, self._requests = self._requests, []
                 if self._stopping:
                     for request in requests:
@@ -261,6 +263,7 @@ class Committer:
             self._stopping = True
             self._stop_by = self._monotonic() + STOP_WRITE_WAIT
             self._cond.notify_all()
+            self._marks_wanted.notify_all()
 
     def run(self) -> None:
         """Flush until stopped and drained (outcomes still deferred at shutdown are left: their messages are
