@@ -153,7 +153,10 @@ def storm_rows(url: str, seconds: float, log_dir: Path) -> list[Row]:
     retaken, called = storm.summary(deaths)
     bound = f"bound DURATION + RENEW_INTERVAL = {storm.LEASE_SECONDS + storm.RENEW_SECONDS:g} s"
     holding = sum(1 for death in deaths if death.slots)
-    what = f"kill storm, 4 replicas, one SIGKILLed every 3 s for {seconds:g} s ({holding} deaths holding slots)"
+    passed = sum(death.passed_on for death in deaths)
+    chained = f"; {passed} slots whose taker was killed too, counted in its death" if passed else ""
+    what = (f"kill storm, 4 replicas, one SIGKILLed every 3 s for {seconds:g} s ({holding} deaths holding "
+            f"slots{chained})")
     return [Row(f"{what}: slots leased again", retaken.removeprefix("re-taken "), bound),
             Row(f"{what}: their work called again", called.removeprefix("called "), bound)]
 

@@ -9,6 +9,10 @@ death the benchmark reads, from outside:
 - **called**: from the SIGKILL until a message of each of those slots is called again (the correlator tells the
   benchmark each call's slot and start time over UDP on the loopback).
 
+A slot taken over by a replica that is itself killed before it calls the slot's work is counted in that
+replica's death, from its own SIGKILL (two deaths in a row cannot keep one death's bound); the output says how
+many slots each death passed on so.
+
 The bound both should keep: ``LEASE__DURATION + LEASE__RENEW_INTERVAL`` (8 s): a term lapses at most a lease after
 its last renewal, and some live replica's next round comes within a renew interval::
 
@@ -59,6 +63,7 @@ class Death:
     slots: int
     retaken: float | None  # seconds until the last of its slots was leased by another replica
     called: float | None  # seconds until each of its slots had a call again
+    passed_on: int = 0  # slots taken by a replica killed before it called them (counted in that death)
 
 
 def hints_by_slot(connection: psycopg.Connection[tuple[object, ...]]) -> list[str]:
@@ -165,15 +170,46 @@ def run(url: str, seconds: float, every: float, log_dir: Path) -> list[Death]:
                 replica.stop()
         calls.close()
         driver.close()
+    return _deaths(deaths, watch, seen)
+
+
+def _deaths(
+    deaths: Sequence[tuple[str, float, set[int]]],
+    watch: Sequence[tuple[float, dict[int, tuple[str, int]]]],
+    seen: dict[int, list[float]],
+) -> list[Death]:
+    """Each death's delays, from the lock table's samples and the calls per slot.
+
+    A victim's slots are those it held at its last sample before the SIGKILL and at the first one after it (a
+    slot it took in between is its too). A slot taken over by a replica that was itself killed before the slot
+    had a call is counted in that replica's death, from its own SIGKILL: two deaths in a row cannot keep one
+    bound.
+    """
+    killed = {victim: killed_at for victim, killed_at, _held in deaths}
+
+    def owner(holder: str) -> str:
+        return holder.rsplit("-", 1)[0]
+
     results = []
     for victim, killed_at, held in deaths:
-        taken = [
-            next((at for at, terms in watch if at > killed_at and slot in terms
-                  and not terms[slot][0].startswith(f"{victim}-")), None)
-            for slot in held
-        ]
-        first_calls = [next((at for at in sorted(seen.get(slot, [])) if at > killed_at), None) for slot in held]
-        results.append(Death(victim, len(held), _last(taken, killed_at), _last(first_calls, killed_at)))
+        after = next((terms for at, terms in watch if at > killed_at), {})
+        slots = held | {slot for slot, (holder, _fence) in after.items() if owner(holder) == victim}
+        taken: list[float | None] = []
+        first_calls: list[float | None] = []
+        passed_on = 0
+        for slot in sorted(slots):
+            taker = next(((at, terms[slot][0]) for at, terms in watch
+                          if at > killed_at and slot in terms and owner(terms[slot][0]) != victim), None)
+            call = next((at for at in sorted(seen.get(slot, [])) if at > killed_at), None)
+            taker_death = killed.get(owner(taker[1])) if taker is not None else None
+            if taker_death is not None and taker_death > killed_at and (call is None or taker_death < call):
+                passed_on += 1  # its taker died before calling: counted in that death
+                continue
+            taken.append(None if taker is None else taker[0])
+            first_calls.append(call)
+        results.append(
+            Death(victim, len(slots) - passed_on, _last(taken, killed_at), _last(first_calls, killed_at), passed_on)
+        )
     return results
 
 
@@ -213,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cw-storm-")))
         deaths = run(url, args.seconds, args.every, log_dir)
     for death in deaths:
-        print(f"{death.victim}: {death.slots} slots, re-taken after "
+        passed = f" ({death.passed_on} more taken by a replica killed before calling them)" if death.passed_on else ""
+        print(f"{death.victim}: {death.slots} slots{passed}, re-taken after "
               f"{'never' if death.retaken is None else f'{death.retaken:.2f} s'}, called after "
               f"{'never' if death.called is None else f'{death.called:.2f} s'}")
     retaken, called = summary(deaths)
