@@ -6,11 +6,13 @@ One run, on one PostgreSQL database::
     2. floor: insert N messages over H hints (drain.py's loader) and drain them with drain.py's raw-SQL loop
     3. for each replica count R:
        a. insert the same N messages with drain.py's loader, set them 'paused' and VACUUM ANALYZE
-       b. start R `correlation-worker run` processes (no-op correlator, fast poll, metrics on any free port)
+       b. start R `correlation-worker run` processes (no-op correlator, default poll interval, metrics on any
+          free port)
        c. wait until the lock table shows the 64 slots spread over the R replicas (64/R each, rounded),
           unchanged for a few lease rounds
-       d. release the work in one statement (UPDATE ... SET state = 'ready') and time from its commit until
-          no slot holds work (probed every 50 ms, per slot, so each replica's finishing time is known too)
+       d. release the work in one transaction (UPDATE ... SET state = 'ready', and a notification of its slots,
+          as an operator's resume sends) and time from its commit until no slot holds work (probed every 50 ms,
+          per slot, so each replica's finishing time is known too)
        e. scrape every replica's /metrics, SIGTERM them and check that each exits 0
        f. check: table empty, successes over all replicas = N, no slot changed hands during the drain
     4. print msgs/s per replica count next to the floor (with --json, one JSON object as well)
@@ -53,7 +55,6 @@ from worker.engine.leases import SLOT_PREFIX
 
 BENCH_DIR = Path(__file__).resolve().parent
 CORRELATOR = "noop_correlator:correlate"  # bench/noop_correlator.py, on the workers' PYTHONPATH
-POLL_INTERVAL = "PT0.2S"
 # Only the lease rounds are sped up, so that a cluster balances in seconds rather than half a minute; the
 # term (40 s) and the safety margin (5 s) keep their defaults. During a drain this costs each replica one
 # lease round (three or four small statements) a second.
@@ -99,7 +100,6 @@ def worker_env(
             "CORRELATION_METRICS__HOST": "127.0.0.1",
             "CORRELATION_METRICS__PORT": "0",
             "CORRELATION_POLL__INITIAL_DELAY": "PT0S",
-            "CORRELATION_POLL__INTERVAL": POLL_INTERVAL,
             "CORRELATION_POLL__PAGE_SIZE": str(page_size),
             "CORRELATION_POLL__CONCURRENCY": str(concurrency),
             "CORRELATION_LEASE__RENEW_INTERVAL": LEASE_RENEW_INTERVAL,
@@ -229,8 +229,14 @@ def load_paused(driver: PostgresDriver, messages: int, hints: int) -> None:
 
 
 def release(driver: PostgresDriver) -> int:
-    """Make every paused message eligible at once, in one statement (autocommit: one transaction)."""
-    cursor = driver.connection.execute("UPDATE correlation_message SET state = 'ready' WHERE state = 'paused'")
+    """Make every paused message eligible at once, in one transaction that wakes the replicas as an operator's
+    resume does (a notification naming the slots), so that they work on their default poll interval."""
+    with driver.connection.transaction():
+        cursor = driver.connection.execute(
+            "UPDATE correlation_message SET state = 'ready' WHERE state = 'paused' RETURNING slot"
+        )
+        slots = sorted({row[0] for row in cursor.fetchall()})
+        driver.connection.execute("SELECT pg_notify('correlation_message', %s)", (",".join(map(str, slots)),))
     return cursor.rowcount
 
 
@@ -578,7 +584,7 @@ def report(runs: Sequence[ClusterFigures], floor: float, args: argparse.Namespac
     print(
         f"params: server={server} slots={args.slots} messages={args.messages} hints={args.hints} "
         f"page_size={args.page_size} concurrency={args.concurrency} cpus={os.cpu_count()} "
-        f"poll_interval={POLL_INTERVAL} lease_renew_interval={LEASE_RENEW_INTERVAL} watch={WATCH_INTERVAL}s"
+        f"lease_renew_interval={LEASE_RENEW_INTERVAL} watch={WATCH_INTERVAL}s"
     )
     if args.json:
         print(

@@ -120,7 +120,7 @@ def cold_start_row(url: str, driver: PostgresDriver, messages: int, log_dir: Pat
     driver.connection.execute("VACUUM ANALYZE correlation_message")
     env = worker_env(url, "cold-1", 100, 8)
     for key in ("POLL__INTERVAL", "POLL__PAGE_SIZE", "POLL__CONCURRENCY", "LEASE__RENEW_INTERVAL", "LEASE__DRAIN"):
-        env.pop(f"CORRELATION_{key}")  # a process on defaults (but the initial delay, PT0S)
+        env.pop(f"CORRELATION_{key}", None)  # a process on defaults (but the initial delay, PT0S)
     started = time.perf_counter()
     replica = Replica("cold-1", env, log_dir)
     try:

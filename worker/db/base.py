@@ -20,7 +20,8 @@ the same lock it writes under.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import TextClause
 
 from worker.config import DatabaseSettings
 from worker.db.errors import translate
@@ -211,6 +213,32 @@ def build_engine(settings: DatabaseSettings) -> Engine:
         connect_args=postgres_connect_args(settings),
         json_deserializer=json_loads,
     )
+
+
+_DRIVER_SQL: dict[int, str] = {}
+
+
+def driver_sql(statement: TextClause) -> str:
+    """A text statement's SQL with psycopg's ``%(name)s`` placeholders instead of ``:name``."""
+    sql = _DRIVER_SQL.get(id(statement))
+    if sql is None:
+        sql = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", statement.text.replace("%", "%%"))
+        _DRIVER_SQL[id(statement)] = sql
+    return sql
+
+
+def driver_rows(connection: Connection, statement: TextClause, params: Mapping[str, Any]) -> list[Any]:
+    """A text statement's rows (tuples) run by psycopg itself on the connection: for the engine's statements of
+    every message or call, where SQLAlchemy's general machinery cost more than the statement (PostgreSQL)."""
+    driver: Any = connection.connection.driver_connection
+    with driver.cursor() as cursor:
+        cursor.execute(driver_sql(statement), params)
+        return cursor.fetchall()  # type: ignore[no-any-return]
+
+
+def text_array(values: Iterable[str]) -> str:
+    """A text array as PostgreSQL's literal (``{"a","b"}``), cast by the statement (see calls._ints)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
 class StoreBase:

@@ -29,7 +29,7 @@ from sqlalchemy import Boolean, bindparam, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from worker.db.base import Fence
+from worker.db.base import Fence, driver_rows, text_array
 from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost, StoreError, translate
 from worker.db.locks import LockStatements
 from worker.db.schema import UtcDateTime
@@ -439,14 +439,14 @@ class CallStatements(LockStatements):
             columns["heads"] += [request.ids[0]] * count
             columns["states"] += ["alone" if request.alone else "called"] * count
         params: dict[str, Any] = {
-            "t_names": [fence.name for fence in terms],
-            "t_holders": [fence.holder for fence in terms],
+            "t_names": text_array(fence.name for fence in terms),
+            "t_holders": text_array(fence.holder for fence in terms),
             "t_fences": _ints(fence.fence for fence in terms),
             **{key: _ints(columns[key]) for key in ("ids", "slots", "fences", "heads")},
-            "holders": columns["holders"],
-            "states": columns["states"],
+            "holders": text_array(columns["holders"]),
+            "states": text_array(columns["states"]),
         }
-        rows = self._statements(lambda connection: connection.execute(_MARK_PG, params).all())
+        rows = self._statements(lambda connection: driver_rows(connection, _MARK_PG, params))
         by_term = {(fence.name, fence.fence): fence for fence in terms}
         remaining = {by_term[(row[0], row[1])]: float(row[2]) for row in rows if row[0] is not None}
         refused = {row[3] for row in rows if row[3] is not None}
@@ -509,7 +509,7 @@ class CallStatements(LockStatements):
             "results": [d.result for _, d in done],
             "by": self.finished_by,
         }
-        marked, locked, present = (set(ids) for ids in connection.execute(statement, params).one())
+        marked, locked, present = (set(ids) for ids in driver_rows(connection, statement, params)[0])
         return FlushOutcome(
             written=frozenset(locked),
             gone=frozenset(marked - locked - present),

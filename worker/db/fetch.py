@@ -18,7 +18,7 @@ decode, say) comes back as an :class:`Unreadable` so that the engine dead-letter
 from __future__ import annotations
 
 import json
-import re
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 
 from worker.config import Mode
-from worker.db.base import StoreBase
+from worker.db.base import StoreBase, driver_sql
 from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
 from worker.message import Message
@@ -66,6 +66,8 @@ class Fetched:
     unreadable: tuple[Unreadable, ...]
     now: datetime
     in_flight: frozenset[int] = frozenset()  # ids of messages with a call in flight (a batch ends before one)
+    # Hints whose batch the page's limit cut short (PostgreSQL; None: not known, any hint may have been)
+    cut: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,8 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
     ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
 
 
+_HINT = 3  # the hint's column in ENGINE_COLUMNS
+
 # Whether a call of the message is in flight (a primary-key probe of the small correlation_call table).
 _IN_FLIGHT = "EXISTS (SELECT 1 FROM correlation_call f WHERE f.message_id = {m}.id) AS in_flight"
 
@@ -177,10 +181,11 @@ def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
 def _batches_statement(dialect: str, mode: Mode) -> TextClause:
     if dialect == "postgresql":
         inner = _batch_sql(dialect, mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}", "m.*", 1)
+        # Each row says how long its hint's batch is: a hint with fewer rows in the page was cut by its limit.
         sql = f"""
-            SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, {_IN_FLIGHT.format(m="x")}
+            SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, x.batch, {_IN_FLIGHT.format(m="x")}
               FROM unnest(CAST(:hints AS text[])) AS c(hint)
-             CROSS JOIN LATERAL ({inner}) AS x
+             CROSS JOIN LATERAL (SELECT y.*, count(*) OVER () AS batch FROM ({inner}) AS y) AS x
              ORDER BY x.id LIMIT :limit"""
         return text(sql).bindparams(
             bindparam("hints", type_=ARRAY(Text())),
@@ -194,18 +199,6 @@ def _batches_statement(dialect: str, mode: Mode) -> TextClause:
 
 
 _STATEMENTS: dict[tuple[str, str, object], TextClause] = {}
-_DRIVER_SQL: dict[int, str] = {}
-
-
-def _driver_sql(statement: TextClause) -> str:
-    """A text statement's SQL with psycopg's ``%(name)s`` placeholders instead of ``:name``."""
-    sql = _DRIVER_SQL.get(id(statement))
-    if sql is None:
-        sql = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", statement.text.replace("%", "%%"))
-        _DRIVER_SQL[id(statement)] = sql
-    return sql
-
-
 def _statement(dialect: str, name: str, variant: object, build: Callable[[], TextClause]) -> TextClause:
     key = (dialect, name, variant)
     statement = _STATEMENTS.get(key)
@@ -367,7 +360,7 @@ class FetchStatements(StoreBase):
             # built by the driver alone cost a fraction of the general result machinery.
             params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
             driver = connection.connection.driver_connection
-            rows: list[Any] = _rows_of_generic_plan(driver, _driver_sql(statement), params)
+            rows: list[Any] = _rows_of_generic_plan(driver, driver_sql(statement), params)
         else:
             rows = []
             for hint in hints:
@@ -378,15 +371,24 @@ class FetchStatements(StoreBase):
         messages: list[Message] = []
         unreadable: list[Unreadable] = []
         in_flight: list[int] = []
+        batches: dict[str, int] = {}
         for row in rows:
             if row[-1]:
                 in_flight.append(int(row[0]))
-            decoded = decode_row(row[:-1], sqlite)
+            if sqlite:
+                decoded = decode_row(row[:-1], sqlite)
+            else:
+                decoded = decode_row(row[:-2], sqlite)
+                batches[row[_HINT]] = int(row[-2])
             if isinstance(decoded, Message):
                 messages.append(decoded)
             else:
                 unreadable.append(decoded)
-        return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight))
+        cut = None
+        if not sqlite:
+            got = Counter(row[_HINT] for row in rows)
+            cut = frozenset(hint for hint, batch in batches.items() if got[hint] < batch)
+        return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight), cut)
 
     def messages_dead_letter(self, reasons: dict[int, str]) -> int:
         """Make these messages dead with a reason each (rows the worker cannot read or record)."""

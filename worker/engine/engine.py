@@ -205,7 +205,10 @@ class Engine:
         per_hint = settings.policy.batch_size
         self.page_size = settings.poll.page_size
         self.per_hint = self.page_size if per_hint == -1 else min(per_hint, self.page_size)
+        # Hints waiting for a lane: fetched up to the high water mark, once fewer than the low one wait. A fetch
+        # each time a lane took a hint (of a budget of one) cost the replica most of its CPU with slow targets.
         self.high_water = max(4, 2 * settings.poll.concurrency)
+        self.low_water = self.high_water // 2
         self.interval = settings.poll.interval.total_seconds()
         self.stall_after = max(STALL_AFTER, 3 * self.interval)
         # Read when scraped: what the lanes and slots are doing now.
@@ -360,7 +363,7 @@ class Engine:
         fetches it meanwhile); None after waiting a while."""
         with self._cond:
             now = self._monotonic()
-            if self.lanes.waiting() < self.high_water and not self.lanes.exhausted():
+            if self.lanes.waiting() < self.low_water and not self.lanes.exhausted():
                 idle = (state for state in self._slots.values() if not state.fetching)
                 due = min(idle, key=lambda s: s.wanted_at, default=None)
                 if due is not None and due.wanted_at <= now:
@@ -373,8 +376,9 @@ class Engine:
         return None
 
     def _room(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        if self.lanes.waiting() < self.low_water:  # else the fetchers have nothing to do yet
+            with self._cond:
+                self._cond.notify_all()
 
     def _sync_slots(self) -> None:
         """Follow the leases: slots taken are fetched at once (after adopting their in-flight calls), slots
@@ -508,7 +512,9 @@ class Engine:
         if batches.unreadable:
             self._dead_letter(batches.unreadable)
         fetched = len(batches.messages)
-        works = self._works(now, state, batches.messages, batches.in_flight, paused_names, fetched >= self.page_size)
+        # Hints the page's limit cut short (not known on SQLite: then any, once the page is full).
+        short = batches.cut if batches.cut is not None else None if fetched >= self.page_size else frozenset()
+        works = self._works(now, state, batches.messages, batches.in_flight, paused_names, short)
         got = {work.hint for work in works}
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
@@ -539,10 +545,11 @@ class Engine:
         messages: Sequence[Message],
         in_flight: frozenset[int],
         paused_names: dict[str, int],
-        full: bool,
+        short: frozenset[str] | None,
     ) -> list[HintWork]:
         """The fetched messages as one work per hint (in id order), ended before a message with a call in flight
-        and before a paused name's message."""
+        and before a paused name's message. A hint's work is *cut* when it may have more now: its batch was
+        full, or the page's limit cut it short (``short``; None: any hint may have been)."""
         by_hint: dict[str, list[Message]] = {}
         flying: set[str] = set()
         for message in messages:
@@ -562,7 +569,7 @@ class Engine:
                 )
             if not taken:
                 continue
-            cut = held is None and (len(batch) >= self.per_hint or full)
+            cut = held is None and (len(batch) >= self.per_hint or short is None or hint in short)
             works.append(HintWork(hint, state.slot, state.fence, deque(taken), cut, fetched_at=now))
         return works
 
