@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+import psycopg
 import pytest
 
 from tests.conftest import left
@@ -386,6 +387,27 @@ def test_extend_many_renews_only_the_terms_still_held(any_store: Store) -> None:
     assert taken_over is not None
     assert set(any_store.lock_extend_many(kept + expired, LONG)) == set(kept)
     assert row(any_store, SLOTS[3]).locked_by == "b"
+
+
+def test_a_row_another_session_holds_leaves_its_term_busy_and_the_others_renewed_at_once(
+    store: Store, pg_url: str
+) -> None:
+    terms = store.lock_try_acquire_many(SLOTS[:4], "a", LONG, 4)
+    ended = store.lock_try_acquire_many(SLOTS[4:5], "a", SHORT, 1)
+    wait_past(store, row(store, SLOTS[4]).lock_until)
+    before = {f.name: row(store, f.name).lock_until for f in terms}
+    held = sorted(terms, key=lambda f: f.name)[1]
+    with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql")) as session:
+        session.execute("SELECT 1 FROM correlation_lock WHERE name = %s FOR UPDATE", (held.name,))
+        started = time.monotonic()
+        renewed, busy = store.lock_extend_each(terms + ended, LONG)
+        waited = time.monotonic() - started
+    assert busy == [held]  # neither renewed nor lost: the next round renews it
+    assert sorted(f.name for f in renewed) == sorted(f.name for f in terms if f != held)
+    assert waited < 1.0  # the row lock is not waited for (the lock timeout would be seconds)
+    assert all(row(store, f.name).lock_until > before[f.name] for f in renewed)
+    assert row(store, held.name).lock_until == before[held.name]
+    assert store.lock_extend_each([held], LONG) == ([held], [])
 
 
 def test_held_rows_are_those_whose_term_still_runs(any_store: Store) -> None:

@@ -227,10 +227,8 @@ def driver_sql(statement: TextClause) -> str:
     return sql
 
 
-def driver_rows(connection: Connection, statement: TextClause, params: Mapping[str, Any]) -> list[Any]:
-    """A text statement's rows (tuples) run by psycopg itself on the connection: for the engine's statements of
-    every message or call, where SQLAlchemy's general machinery cost more than the statement (PostgreSQL)."""
-    driver: Any = connection.connection.driver_connection
+def driver_rows(driver: Any, statement: TextClause, params: Mapping[str, Any]) -> list[Any]:
+    """A text statement's rows (tuples), run by a psycopg connection itself."""
     with driver.cursor() as cursor:
         cursor.execute(driver_sql(statement), params)
         return cursor.fetchall()  # type: ignore[no-any-return]
@@ -292,6 +290,31 @@ class StoreBase:
             if translated is None:
                 raise
             raise translated from error
+
+    def _driver_statements(self, work: Callable[[Any], T]) -> T:
+        """Run ``work`` on a pooled psycopg connection itself, each statement its own transaction (PostgreSQL):
+        for the engine's statements of every call, where checking a connection out through SQLAlchemy, with
+        its isolation level set and reset, cost more than the statement."""
+        import psycopg  # PostgreSQL only
+
+        pooled = self.engine.raw_connection()
+        driver: Any = pooled.driver_connection
+        try:
+            driver.autocommit = True
+            try:
+                return work(driver)
+            finally:
+                if not driver.closed:
+                    driver.autocommit = False
+        except psycopg.Error as error:
+            wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
+            assert isinstance(wrapped, DBAPIError)
+            if self.engine.dialect.is_disconnect(error, driver, None):  # type: ignore[arg-type]
+                wrapped.connection_invalidated = True
+                pooled.invalidate(error)
+            raise (translate(wrapped) or wrapped) from error
+        finally:
+            pooled.close()
 
     def _write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a write transaction."""

@@ -446,7 +446,7 @@ class CallStatements(LockStatements):
             "holders": text_array(columns["holders"]),
             "states": text_array(columns["states"]),
         }
-        rows = self._statements(lambda connection: driver_rows(connection, _MARK_PG, params))
+        rows = self._driver_statements(lambda driver: driver_rows(driver, _MARK_PG, params))
         by_term = {(fence.name, fence.fence): fence for fence in terms}
         remaining = {by_term[(row[0], row[1])]: float(row[2]) for row in rows if row[0] is not None}
         refused = {row[3] for row in rows if row[3] is not None}
@@ -488,7 +488,7 @@ class CallStatements(LockStatements):
         if self.dialect == "postgresql":
             if all(_only_successes(w) for w in writes) and not __import__("os").environ.get("NOFUSE"):
                 try:
-                    return self._statements(partial(self._flush_successes, writes=writes))
+                    return self._driver_statements(partial(self._flush_successes, writes=writes))
                 except (StoreError, DBAPIError) as error:  # a value refused: the steps below find which
                     if isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
                         raise
@@ -499,7 +499,7 @@ class CallStatements(LockStatements):
                     raise
         return self._write(partial(self._record, writes=writes, one_by_one=True))
 
-    def _flush_successes(self, connection: Connection, writes: Sequence[SlotWrite]) -> FlushOutcome:
+    def _flush_successes(self, driver: Any, writes: Sequence[SlotWrite]) -> FlushOutcome:
         done = [(w, d) for w in writes for d in w.dispositions]
         statement = _FLUSH_SUCCESSES_RECORD_PG if self.keep_records else _FLUSH_SUCCESSES_DELETE_PG
         params = {
@@ -509,7 +509,7 @@ class CallStatements(LockStatements):
             "results": [d.result for _, d in done],
             "by": self.finished_by,
         }
-        marked, locked, present = (set(ids) for ids in driver_rows(connection, statement, params)[0])
+        marked, locked, present = (set(ids) for ids in driver_rows(driver, statement, params)[0])
         return FlushOutcome(
             written=frozenset(locked),
             gone=frozenset(marked - locked - present),

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 from sqlalchemy.sql.expression import TextualSelect
 
-from worker.db.base import Fence, LockRow, StoreBase
+from worker.db.base import Fence, LockRow, StoreBase, driver_rows, text_array
 from worker.db.errors import DatabaseBusy, InvalidLockName, LeaseLost, StoreError
 from worker.db.schema import LOCK_NAME_MAX_LENGTH, UtcDateTime, lock_table
 
@@ -102,6 +102,8 @@ class LockStatements(StoreBase):
         A term that could not be renewed because its row was locked past the lock timeout is *busy*: neither
         renewed nor lost (it may be renewed at the next round). The rest are lost.
         """
+        if self.dialect == "postgresql" and fences:
+            return self._extend_together(fences, lock_at_most_for)
         renewed: list[Fence] = []
         busy: list[Fence] = []
         for fence in sorted(fences, key=lambda fence: fence.name):
@@ -111,6 +113,23 @@ class LockStatements(StoreBase):
             except DatabaseBusy:
                 busy.append(fence)
         return renewed, busy
+
+    def _extend_together(
+        self, fences: Sequence[Fence], lock_at_most_for: timedelta
+    ) -> tuple[list[Fence], list[Fence]]:
+        """PostgreSQL: every term in one statement, its own transaction, skipping the rows other sessions hold
+        (each such term is busy, never waited for: no row lock holds up the renewal of the others)."""
+        params = {
+            "names": text_array(fence.name for fence in fences),
+            "holders": text_array(fence.holder for fence in fences),
+            "fences": "{" + ",".join(str(fence.fence) for fence in fences) + "}",
+            "at_most": _seconds(lock_at_most_for),
+        }
+        rows = self._driver_statements(lambda driver: driver_rows(driver, _EXTEND_TOGETHER_PG, params))
+        renewed = {name for name, kind in rows if kind == "renewed"}
+        busy = {name for name, kind in rows if kind == "busy"}
+        ordered = sorted(fences, key=lambda fence: fence.name)
+        return [f for f in ordered if f.name in renewed], [f for f in ordered if f.name in busy]
 
     def lock_extend_many(self, fences: Sequence[Fence], lock_at_most_for: timedelta) -> list[Fence]:
         """Renew several terms, each in a transaction of its own; returns those renewed."""
@@ -149,6 +168,32 @@ class LockStatements(StoreBase):
 # UtcDateTime stores, so that its text comparisons order times correctly.
 
 HOLDER_MAX_LENGTH = 255  # correlation_lock.locked_by
+
+# Renew running terms of their holders and fences, skipping rows another session holds locked: those still
+# running in the statement's snapshot are busy (renewed at a later round, or lost if they run out meanwhile).
+_EXTEND_TOGETHER_PG = text(
+    """
+    WITH t AS MATERIALIZED (
+        SELECT * FROM unnest(CAST(:names AS text[]), CAST(:holders AS text[]), CAST(:fences AS bigint[]))
+            AS t(name, holder, fence)
+    ), running AS MATERIALIZED (
+        SELECT l.name FROM correlation_lock l JOIN t ON l.name = t.name
+         WHERE l.locked_by = t.holder AND l.fence = t.fence AND l.lock_until > now()
+    ), mine AS MATERIALIZED (
+        SELECT l.name FROM correlation_lock l
+         WHERE l.name = ANY(ARRAY(SELECT name FROM running)) ORDER BY l.name FOR UPDATE SKIP LOCKED
+    ), renewed AS (
+        UPDATE correlation_lock l SET lock_until = now() + make_interval(secs => :at_most)
+          FROM t, mine
+         WHERE l.name = mine.name AND l.name = t.name AND l.locked_by = t.holder AND l.fence = t.fence
+           AND l.lock_until > now()
+        RETURNING l.name
+    )
+    SELECT name, 'renewed' FROM renewed
+    UNION ALL
+    SELECT name, 'busy' FROM running WHERE name NOT IN (SELECT name FROM mine)
+    """
+)
 
 
 @dataclass(frozen=True, slots=True)
