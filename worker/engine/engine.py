@@ -87,6 +87,10 @@ class SlotSource(Protocol):
         """The slots held now and safe to act on (not being handed back)."""
         ...
 
+    def terms(self) -> dict[int, Fence | None]:
+        """The slots held now and safe to act on, with their terms (in one look)."""
+        ...
+
     def fence(self, slot: int) -> Fence | None:
         """The term of a slot's lease (None without leases)."""
         ...
@@ -109,6 +113,10 @@ class AllSlots:
     def slots(self) -> Sequence[int]:
         """Every slot."""
         return self._slots
+
+    def terms(self) -> dict[int, Fence | None]:
+        """Every slot, without a term."""
+        return dict.fromkeys(self._slots)
 
     def fence(self, slot: int) -> Fence | None:
         """No lease, no fence."""
@@ -383,18 +391,14 @@ class Engine:
     def _sync_slots(self) -> None:
         """Follow the leases: slots taken are fetched at once (after adopting their in-flight calls), slots
         gone have their waiting hints let go."""
-        held = set(self.slot_source.slots())
+        terms = self.slot_source.terms()
         with self._cond:
-            known = set(self._slots)
-            for slot in held - known:
-                fence = self.slot_source.fence(slot)
-                self._slots[slot] = _Slot(slot, fence, adopted=fence is None, last_progress=self._monotonic())
-            gone = known - held
+            gone = [slot for slot in self._slots if slot not in terms]
             for slot in gone:
                 del self._slots[slot]
-            for slot in held & known:
-                fence = self.slot_source.fence(slot)
-                if fence != self._slots[slot].fence:  # lost and taken again between two looks
+            for slot, fence in terms.items():
+                state = self._slots.get(slot)
+                if state is None or state.fence != fence:  # new, or lost and taken again between two looks
                     self._slots[slot] = _Slot(slot, fence, adopted=fence is None, last_progress=self._monotonic())
         for slot in gone:
             for work in self.lanes.drop_slot(slot):

@@ -211,6 +211,16 @@ class SlotLeaser:
                 )
             )
 
+    def terms(self) -> dict[int, Fence | None]:
+        """The slots held and still safe to act on, with their terms."""
+        now = self._monotonic()
+        with self._state:
+            return {
+                lease.slot: lease.fence
+                for lease in self._leases.values()
+                if lease.draining_since is None and now < lease.safe_until
+            }
+
     def fence(self, slot: int) -> Fence | None:
         """The term of a slot's lease: a commit of its outcomes must still hold it (None: not leased)."""
         with self._state:
