@@ -428,10 +428,10 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_releas
     calls: list[int] = []
     engine = engine_of(store, holder, Metrics(), calls)
     marked, go = threading.Event(), threading.Event()
-    mark_ahead = engine.committer.mark_ahead
+    mark_now = engine.committer.mark_now
 
     def mark_then_wait(*args: object, **kwargs: object) -> MarkTicket:  # stops between the mark and the call
-        ticket = mark_ahead(*args, **kwargs)  # type: ignore[arg-type]
+        ticket = mark_now(*args, **kwargs)  # type: ignore[arg-type]
         wait = ticket.wait
 
         def wait_then_hold() -> float | None:
@@ -443,7 +443,7 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_releas
         ticket.wait = wait_then_hold  # type: ignore[method-assign]
         return ticket
 
-    engine.committer.mark_ahead = mark_then_wait  # type: ignore[method-assign]
+    engine.committer.mark_now = mark_then_wait  # type: ignore[method-assign]
     engine.start()
     assert marked.wait(10)
     assert in_flight(store) != {}

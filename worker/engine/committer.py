@@ -3,9 +3,10 @@
 *Marks*: before a lane calls messages, each call is written as a row of ``correlation_call`` under its slot
 lease's term (:mod:`worker.db.calls`), so that whoever takes the slot over after this replica died knows which
 calls were under way (DESIGN.md §3 "Poison messages", §4 invariant 2). Calls wait for their marks (a lane may ask
-for its next run's marks ahead, while it still calls: :meth:`Committer.mark_ahead`); the *marker* writes the
-marks of many lanes in one statement committed without waiting for the disk, on a thread and connection of its
-own, so that no lane waits behind a durable flush of outcomes. A mark is written only while its term runs, and
+for its next run's marks ahead, while it still calls: :meth:`Committer.mark_ahead`); the *markers* write the
+marks of many lanes in one statement committed without waiting for the disk, on threads and connections of their
+own, so that no lane waits behind a durable flush of outcomes; a lane about to call writes its run's marks
+itself when no marker is writing (:meth:`Committer.mark_now`). A mark is written only while its term runs, and
 only for a message still ready and not in flight elsewhere: a lane calls the messages marked, in order, and no
 other.
 
@@ -133,6 +134,7 @@ class Committer:
         self._unmarks: dict[tuple[int, Fence], list[int]] = {}  # withdrawn marks, written at the next flush
         self._unmarks_since = 0.0
         self._in_flight: dict[int, Fence] = {}  # calls marked by this replica and not settled, by message id
+        self._marking = 0  # statements of marks being written now (by markers, or by a lane itself)
         self._stopping = False
         self._flushing = False
         self._backoff = RETRY_FIRST
@@ -143,8 +145,13 @@ class Committer:
     # -- what lanes call -----------------------------------------------------------------------------------
 
     def mark(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> float | None:
-        """Mark these calls in flight before they start; blocks until written (see :meth:`mark_ahead`)."""
-        return self.mark_ahead(slot, fence, ids, alone).wait()
+        """Mark these calls in flight before they start; blocks until written (see :meth:`mark_now`)."""
+        return self.mark_now(slot, fence, ids, alone).wait()
+
+    def mark_now(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> MarkTicket:
+        """Mark the calls of a run about to start: written by the calling thread when no marker is writing and
+        none is asked for (two thread hand-offs fewer before the call), else by a marker with the others."""
+        return self._ask(MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic()), inline=True)
 
     def mark_ahead(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> MarkTicket:
         """Ask for the calls' marks (one run of a hint, in call order) and return at once: the calls start after
@@ -153,16 +160,22 @@ class Committer:
 
         ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs).
         """
-        ticket = MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic())
-        if fence is None:  # no lease, nothing to tell a successor: the calls may start at once
+        return self._ask(MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic()), inline=False)
+
+    def _ask(self, ticket: MarkTicket, *, inline: bool) -> MarkTicket:
+        if ticket.fence is None:  # no lease, nothing to tell a successor: the calls may start at once
             ticket.answer(float("inf"), frozenset(ticket.calls), ticket.asked)
             return ticket
         with self._cond:
             if self._stopping:
                 ticket.answer(None, frozenset(), ticket.asked)
                 return ticket
-            self._requests.append(ticket)
-            self._marks_wanted.notify()
+            if not inline or self._requests or self._marking:
+                self._requests.append(ticket)
+                self._marks_wanted.notify()
+                return ticket
+            self._taken_for_marking([ticket])
+        self._write_marks([ticket])
         return ticket
 
     def withdraw(self, ticket: MarkTicket) -> None:
@@ -190,38 +203,50 @@ class Committer:
                     for request in requests:
                         request.answer(None, frozenset(), self._monotonic())
                     return
-                for request in requests:  # this replica's own from now on: an adoption leaves them alone
-                    for message_id in request.ids():
-                        if request.fence is not None:
-                            self._in_flight[message_id] = request.fence
-            writes = [MarkRequest(r.slot, r.fence, r.calls, r.alone) for r in requests if r.fence is not None]
-            try:
-                result = self.store.calls_mark(writes)
-            except Exception as error:  # the calls are not made: their hints are left for later
-                self.metrics.database_error(error if isinstance(error, StoreError) else None)
-                logger.warning("marking calls in flight failed; their hints are left for later: %s", error)
-                now = self._monotonic()
-                with self._cond:
-                    for request in requests:
-                        self._forget(request.fence, request.ids())
-                        request.answer(None, frozenset(), now)
-                continue
+                self._taken_for_marking(requests)
+            self._write_marks(requests)
+
+    def _taken_for_marking(self, requests: Sequence[MarkTicket]) -> None:
+        """Under the lock: these marks are being written (this replica's calls from now on: an adoption leaves
+        them alone)."""
+        self._marking += 1
+        for request in requests:
+            for message_id in request.ids():
+                if request.fence is not None:
+                    self._in_flight[message_id] = request.fence
+
+    def _write_marks(self, requests: Sequence[MarkTicket]) -> None:
+        """Write marks taken for marking, and answer their tickets."""
+        writes = [MarkRequest(r.slot, r.fence, r.calls, r.alone) for r in requests if r.fence is not None]
+        try:
+            result = self.store.calls_mark(writes)
+        except Exception as error:  # the calls are not made: their hints are left for later
+            self.metrics.database_error(error if isinstance(error, StoreError) else None)
+            logger.warning("marking calls in flight failed; their hints are left for later: %s", error)
             now = self._monotonic()
-            lost: set[tuple[int, Fence]] = set()
             with self._cond:
+                self._marking -= 1
                 for request in requests:
-                    assert request.fence is not None
-                    remaining = result.remaining.get(request.fence)
-                    marked = frozenset(i for i in request.calls if i in result.marked)
-                    if remaining is None:
-                        lost.add((request.slot, request.fence))
-                        marked = frozenset()
-                    self._forget(request.fence, [i for i in request.ids() if i not in marked])
-                    request.answer(remaining, marked, now)
-                    if request.withdrawn:
-                        self._unmark_locked(request.slot, request.fence, request.marked)
-            for slot, fence in sorted(lost, key=lambda term: term[0]):
-                self._on_lease_lost(slot, fence)
+                    self._forget(request.fence, request.ids())
+                    request.answer(None, frozenset(), now)
+            return
+        now = self._monotonic()
+        lost: set[tuple[int, Fence]] = set()
+        with self._cond:
+            self._marking -= 1
+            for request in requests:
+                assert request.fence is not None
+                remaining = result.remaining.get(request.fence)
+                marked = frozenset(i for i in request.calls if i in result.marked)
+                if remaining is None:
+                    lost.add((request.slot, request.fence))
+                    marked = frozenset()
+                self._forget(request.fence, [i for i in request.ids() if i not in marked])
+                request.answer(remaining, marked, now)
+                if request.withdrawn:
+                    self._unmark_locked(request.slot, request.fence, request.marked)
+        for slot, fence in sorted(lost, key=lambda term: term[0]):
+            self._on_lease_lost(slot, fence)
 
     def _unmark_locked(self, slot: int, fence: Fence, ids: Sequence[int] | frozenset[int]) -> None:
         if not ids:

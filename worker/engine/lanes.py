@@ -508,7 +508,7 @@ class Lanes:
         if self._held_back(run[0]):
             self._give_back(work, "a durable pause holds it back", again=True)
             return
-        self._run_marked(lane, work, run, self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone))
+        self._run_marked(lane, work, run, self.committer.mark_now(work.slot, work.fence, [m.id for m in run], alone))
 
     def _lease_lasts(self, work: HintWork, message: Message) -> bool:
         """The term the hint was fetched under still runs, long enough for this call."""
