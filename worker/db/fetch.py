@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 
 from worker.config import Mode
-from worker.db.base import StoreBase, driver_sql
+from worker.db.base import StoreBase, driver_rows, driver_sql, text_array
 from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
 from worker.message import Message
@@ -318,28 +318,31 @@ class FetchStatements(StoreBase):
     def _candidates(
         self, connection: Connection, slot: int, after: str, budget: int, skip: Sequence[str] = ()
     ) -> Candidates:
-        busy: object = list(skip) if self.dialect == "postgresql" else json.dumps(list(skip))
-        rows = connection.execute(
-            _statement(self.dialect, "candidates", False, lambda: _candidates_sql(self.dialect, False)),
-            {"slot": slot, "after": after, "budget": budget, "skip": busy},
-        ).all()
-        fresh = [row.hint for row in rows if row.kind == "f"]
+        pg = self.dialect == "postgresql"
+        busy = text_array(skip) if pg else json.dumps(list(skip))
+
+        def read(wrap: bool, take: int) -> list[Any]:
+            statement = _statement(self.dialect, "candidates", wrap, lambda: _candidates_sql(self.dialect, wrap))
+            params = {"slot": slot, "after": after, "budget": take, "skip": busy}
+            if pg:  # psycopg itself: this statement runs at every fetch
+                return driver_rows(connection.connection.driver_connection, statement, params)
+            return list(connection.execute(statement, params).all())
+
+        # Rows: (kind, hint, due[, last_id, pin_ids, pin_holders]).
+        rows = read(False, budget)
+        fresh = [row[1] for row in rows if row[0] == "f"]
         if len(fresh) < budget and after:
-            more = connection.execute(
-                _statement(self.dialect, "candidates", True, lambda: _candidates_sql(self.dialect, True)),
-                {"slot": slot, "after": after, "budget": budget - len(fresh), "skip": busy},
-            ).all()
-            fresh += [row.hint for row in more if row.kind == "f" and row.hint not in fresh]
-        due = tuple(dict.fromkeys(row.hint for row in rows if row.kind == "d"))
-        times = {row.kind: sqlite_time(row.due) for row in rows if row.kind in ("n", "t")}
+            fresh += [row[1] for row in read(True, budget - len(fresh)) if row[0] == "f" and row[1] not in fresh]
+        due = tuple(dict.fromkeys(row[1] for row in rows if row[0] == "d"))
+        times = {row[0]: sqlite_time(row[2]) for row in rows if row[0] in ("n", "t")}
         now = times["t"]
         assert now is not None
-        clock = next(row for row in rows if row.kind == "t")
-        reading = _horizon_reading(clock) if self.dialect == "postgresql" else None
+        clock = next(row for row in rows if row[0] == "t")
+        reading = _horizon_reading(*clock[3:]) if pg else None
         return Candidates(tuple(fresh), due, times.get("n"), now, reading)
 
     def _horizon(self, connection: Connection) -> HorizonReading:
-        return _horizon_reading(connection.execute(_HORIZON).one())
+        return _horizon_reading(*connection.execute(_HORIZON).one())
 
     def _batches(
         self,
@@ -431,9 +434,9 @@ class FetchStatements(StoreBase):
         return oldest
 
 
-def _horizon_reading(row: Any) -> HorizonReading:
-    pins = tuple(zip(row.pin_ids or (), row.pin_holders or (), strict=True))
-    return HorizonReading(int(row.last_id), tuple((int(after), str(holder)) for after, holder in pins))
+def _horizon_reading(last_id: int, pin_ids: Sequence[int] | None, pin_holders: Sequence[str] | None) -> HorizonReading:
+    pins = tuple(zip(pin_ids or (), pin_holders or (), strict=True))
+    return HorizonReading(int(last_id), tuple((int(after), str(holder)) for after, holder in pins))
 
 
 def _pause(row: Any) -> Pause:
