@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import left
 from worker.db.calls import FlushOutcome, LostCall, MarkRequest, SlotWrite
+from worker.db.errors import DatabaseUnavailable
 from worker.db.store import Fence, InvalidLockName, LockRow, NewMessage, Store
 from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, settle_lost_call
 
@@ -224,6 +225,30 @@ def test_the_outcome_of_a_call_marked_under_the_current_term_is_written(any_stor
     outcome = record(any_store, fence, Disposition(message_id, Kind.DELETE, 0))
     assert outcome.fenced == frozenset() and outcome.written == {message_id}
     assert left(any_store, message_id) and any_store.calls_in_flight() == []
+
+
+def test_a_mark_on_a_connection_that_lost_its_server_fails_alone_and_the_next_mark_gets_a_new_one(
+    store: Store, pg_url: str
+) -> None:
+    first, second = _one_message(store), store.messages_insert(NewMessage("order.paid", "order-2"))
+    assert second is not None
+    fence = store.lock_try_acquire("slot:0", "a", LONG)
+    assert fence is not None
+    mark(store, fence, first)
+    with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert ended is not None and ended[0] >= 1
+    with pytest.raises(DatabaseUnavailable):
+        store.calls_mark([MarkRequest(0, fence, (second,))])
+    mark(store, fence, second)  # on a new connection: the pool's older ones were let go too
+    pooled = store.engine.raw_connection()
+    try:
+        assert pooled.driver_connection.autocommit is False  # the marks' connections go back as they came
+    finally:
+        pooled.close()
 
 
 def test_no_call_is_marked_under_a_term_that_ended(any_store: Store) -> None:

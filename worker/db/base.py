@@ -297,23 +297,27 @@ class StoreBase:
         its isolation level set and reset, cost more than the statement."""
         import psycopg  # PostgreSQL only
 
+        idle = psycopg.pq.TransactionStatus.IDLE
         pooled = self.engine.raw_connection()
         driver: Any = pooled.driver_connection
         try:
             driver.autocommit = True
-            try:
-                return work(driver)
-            finally:
-                if not driver.closed:
-                    driver.autocommit = False
+            return work(driver)
         except psycopg.Error as error:
             wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
             assert isinstance(wrapped, DBAPIError)
             if self.engine.dialect.is_disconnect(error, driver, None):  # type: ignore[arg-type]
+                # As SQLAlchemy does on a disconnect: this connection goes, and the pool's older ones are
+                # replaced as they are checked out (they most likely lost their server too).
                 wrapped.connection_invalidated = True
-                pooled.invalidate(error)
+                self.engine.pool._invalidate(pooled, error)
             raise (translate(wrapped) or wrapped) from error
         finally:
+            # Back to the pool as it came (not in autocommit), or discarded if it broke on the way.
+            if pooled.is_valid and not driver.closed and driver.info.transaction_status == idle:
+                driver.autocommit = False
+            elif pooled.is_valid:
+                pooled.invalidate()
             pooled.close()
 
     def _write(self, work: Callable[[Connection], T]) -> T:
