@@ -589,6 +589,19 @@ def test_a_message_is_called_at_once_on_its_producers_notify_long_before_the_pol
 # -- helpers ------------------------------------------------------------------------------------------------
 
 
+def test_a_hint_the_full_page_left_no_room_for_is_fetched_at_once_not_at_the_next_poll(store: Store) -> None:
+    """Two hints fill the page with whole batches: the third, chosen too, got none of its messages."""
+    first = send(store, "a-first")
+    slot = rows(store)[first].slot
+    second = send(store, _hint_in_slot(store, slot, "b-"))
+    third = send(store, _hint_in_slot(store, slot, "c-"))
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"interval": "PT30S", "page_size": 2}))
+    run.start()
+    wait_until(lambda: sorted(calls.ids()) == [first, second, third], "the third hint, long before the next poll",
+               timeout=10)
+
+
 def _hint_in_slot(store: Store, slot: int, prefix: str) -> str:
     found = sql(store, "SELECT h FROM (SELECT :prefix || i AS h FROM generate_series(1, 10000) AS i) AS hints "
                        "WHERE ((hashtext(h) % 64) + 64) % 64 = :slot LIMIT 1", prefix=prefix, slot=slot)

@@ -517,9 +517,11 @@ class Engine:
             self._dead_letter(batches.unreadable)
         fetched = len(batches.messages)
         # Hints the page's limit cut short (not known on SQLite: then any, once the page is full).
-        short = batches.cut if batches.cut is not None else None if fetched >= self.page_size else frozenset()
+        full = fetched >= self.page_size
+        short = batches.cut if batches.cut is not None else None if full else frozenset()
         works = self._works(now, state, batches.messages, batches.in_flight, paused_names, short)
         got = {work.hint for work in works}
+        left_out = full and bool(set(chosen) - {message.hint for message in batches.messages})  # no room for them
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
             # Cut by the budget: the next fetch goes on after the last hint taken (every hint gets its turn).
@@ -528,7 +530,7 @@ class Engine:
             for work in works:
                 self._busy[work.hint] = work
             self._tally["_fetched"] += fetched
-            more = len(candidates.fresh) >= budget or any(work.cut for work in works)
+            more = len(candidates.fresh) >= budget or left_out or any(work.cut for work in works)
             if more:
                 state.fetched(now)
             elif held:
