@@ -15,9 +15,10 @@ import psycopg
 import pytest
 
 from tests.conftest import left
+from worker.config import Mode
 from worker.db.calls import FlushOutcome, LostCall, MarkRequest, SlotWrite
 from worker.db.errors import DatabaseUnavailable
-from worker.db.store import Fence, InvalidLockName, LockRow, NewMessage, Store
+from worker.db.store import Fence, InvalidLockName, LockRow, MessageFilter, NewMessage, Store
 from worker.policy.outcomes import Disposition, Kind, LostCallOutcome, settle_lost_call
 
 LONG = timedelta(minutes=5)
@@ -235,12 +236,7 @@ def test_a_mark_on_a_connection_that_lost_its_server_fails_alone_and_the_next_ma
     fence = store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
     mark(store, fence, first)
-    with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
-        ended = admin.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchone()
-    assert ended is not None and ended[0] >= 1
+    _end_sessions(pg_url)
     with pytest.raises(DatabaseUnavailable):
         store.calls_mark([MarkRequest(0, fence, (second,))])
     mark(store, fence, second)  # on a new connection: the pool's older ones were let go too
@@ -249,6 +245,38 @@ def test_a_mark_on_a_connection_that_lost_its_server_fails_alone_and_the_next_ma
         assert pooled.driver_connection.autocommit is False  # the marks' connections go back as they came
     finally:
         pooled.close()
+
+
+def test_the_fetchs_statements_on_a_connection_that_lost_its_server_fail_as_unavailable_and_then_work(
+    store: Store, pg_url: str
+) -> None:
+    """The fetch runs its statements through psycopg itself: a lost server must read as SQLAlchemy's would."""
+    message_id = _one_message(store)
+    slot = next(m.slot for m in store.messages_list(MessageFilter(), limit=10) if m.id == message_id)
+
+    def fetch() -> int:
+        _, fetched = store.messages_fetch_slot(
+            slot, "", 10, choose=lambda c: list(c.fresh), horizon=lambda read: 2**62, per_hint=10, limit=10,
+            mode=Mode.FAIL_FIRST,
+        )
+        return len(fetched.messages)
+
+    for read in (lambda: len(store.messages_candidates(slot, "", 10).fresh), fetch):
+        assert read() == 1
+        _end_sessions(pg_url)
+        with pytest.raises(DatabaseUnavailable):
+            read()
+        assert read() == 1
+
+
+def _end_sessions(pg_url: str) -> None:
+    """End every other session of the database, as a server restart or an administrator would."""
+    with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert ended is not None and ended[0] >= 1
 
 
 def test_no_call_is_marked_under_a_term_that_ended(any_store: Store) -> None:

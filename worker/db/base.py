@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
@@ -267,12 +268,29 @@ class StoreBase:
     def _transaction(self, write: bool = False) -> Iterator[Connection]:
         try:
             with (self._write_engine if write else self.engine).begin() as connection:
-                yield connection
+                try:
+                    yield connection
+                except psycopg.Error as error:  # raised by psycopg itself (driver_rows)
+                    raise self._driver_failed(error, connection) from error
         except DBAPIError as error:
             translated = translate(error)
             if translated is None:
                 raise
             raise translated from error
+
+    def _driver_failed(self, error: psycopg.Error, connection: Connection) -> Exception:
+        """An error psycopg raised itself on a SQLAlchemy connection, handled as SQLAlchemy handles its own: on
+        a lost server the connection is let go and the pool's older ones are replaced as they are checked out;
+        the store's exception for it."""
+        wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
+        assert isinstance(wrapped, DBAPIError)
+        pooled = connection.connection
+        if self.engine.dialect.is_disconnect(error, pooled.driver_connection, None):  # type: ignore[arg-type]
+            wrapped.connection_invalidated = True
+            if not connection.invalidated:
+                self.engine.pool._invalidate(pooled, error)
+                connection.invalidate(error)
+        return translate(wrapped) or wrapped
 
     def _run(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a read transaction (on SQLite it takes no write lock)."""
@@ -284,7 +302,10 @@ class StoreBase:
         round trips; PostgreSQL)."""
         try:
             with self._autocommit.connect() as connection:
-                return work(connection)
+                try:
+                    return work(connection)
+                except psycopg.Error as error:  # raised by psycopg itself (driver_rows)
+                    raise self._driver_failed(error, connection) from error
         except DBAPIError as error:
             translated = translate(error)
             if translated is None:
@@ -295,8 +316,6 @@ class StoreBase:
         """Run ``work`` on a pooled psycopg connection itself, each statement its own transaction (PostgreSQL):
         for the engine's statements of every call, where checking a connection out through SQLAlchemy, with
         its isolation level set and reset, cost more than the statement."""
-        import psycopg  # PostgreSQL only
-
         idle = psycopg.pq.TransactionStatus.IDLE
         pooled = self.engine.raw_connection()
         driver: Any = pooled.driver_connection
