@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -266,29 +266,35 @@ class StoreBase:
 
     @contextmanager
     def _transaction(self, write: bool = False) -> Iterator[Connection]:
+        with self._translated((self._write_engine if write else self.engine).begin()) as connection:
+            yield connection
+
+    @contextmanager
+    def _translated(self, opened: AbstractContextManager[Connection]) -> Iterator[Connection]:
+        """A connection whose errors, SQLAlchemy's or psycopg's own (driver_rows), read as the store's."""
         try:
-            with (self._write_engine if write else self.engine).begin() as connection:
+            with opened as connection:
                 try:
                     yield connection
-                except psycopg.Error as error:  # raised by psycopg itself (driver_rows)
-                    raise self._driver_failed(error, connection) from error
+                except psycopg.Error as error:
+                    raise self._driver_failed(error, connection.connection, connection) from error
         except DBAPIError as error:
             translated = translate(error)
             if translated is None:
                 raise
             raise translated from error
 
-    def _driver_failed(self, error: psycopg.Error, connection: Connection) -> Exception:
-        """An error psycopg raised itself on a SQLAlchemy connection, handled as SQLAlchemy handles its own: on
-        a lost server the connection is let go and the pool's older ones are replaced as they are checked out;
-        the store's exception for it."""
+    def _driver_failed(self, error: psycopg.Error, pooled: Any, connection: Connection | None = None) -> Exception:
+        """An error psycopg raised itself, handled as SQLAlchemy handles its own: on a lost server the pooled
+        connection is let go (and the SQLAlchemy ``connection`` over it) and the pool's older ones are replaced as
+        they are checked out (they most likely lost their server too); the store's exception for it."""
         wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
         assert isinstance(wrapped, DBAPIError)
-        pooled = connection.connection
         if self.engine.dialect.is_disconnect(error, pooled.driver_connection, None):  # type: ignore[arg-type]
             wrapped.connection_invalidated = True
-            if not connection.invalidated:
+            if connection is None or not connection.invalidated:
                 self.engine.pool._invalidate(pooled, error)
+            if connection is not None and not connection.invalidated:
                 connection.invalidate(error)
         return translate(wrapped) or wrapped
 
@@ -300,17 +306,8 @@ class StoreBase:
     def _statements(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` on a connection where each statement is its own transaction (no BEGIN or COMMIT
         round trips; PostgreSQL)."""
-        try:
-            with self._autocommit.connect() as connection:
-                try:
-                    return work(connection)
-                except psycopg.Error as error:  # raised by psycopg itself (driver_rows)
-                    raise self._driver_failed(error, connection) from error
-        except DBAPIError as error:
-            translated = translate(error)
-            if translated is None:
-                raise
-            raise translated from error
+        with self._translated(self._autocommit.connect()) as connection:
+            return work(connection)
 
     def _driver_statements(self, work: Callable[[Any], T]) -> T:
         """Run ``work`` on a pooled psycopg connection itself, each statement its own transaction (PostgreSQL):
@@ -323,14 +320,7 @@ class StoreBase:
             driver.autocommit = True
             return work(driver)
         except psycopg.Error as error:
-            wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
-            assert isinstance(wrapped, DBAPIError)
-            if self.engine.dialect.is_disconnect(error, driver, None):  # type: ignore[arg-type]
-                # As SQLAlchemy does on a disconnect: this connection goes, and the pool's older ones are
-                # replaced as they are checked out (they most likely lost their server too).
-                wrapped.connection_invalidated = True
-                self.engine.pool._invalidate(pooled, error)
-            raise (translate(wrapped) or wrapped) from error
+            raise self._driver_failed(error, pooled) from error
         finally:
             # Back to the pool as it came (not in autocommit), or discarded if it broke on the way.
             if pooled.is_valid and not driver.closed and driver.info.transaction_status == idle:
