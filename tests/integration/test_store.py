@@ -429,6 +429,7 @@ def test_marking_calls_reads_their_rows_by_primary_key_even_when_statistics_saw_
         rows = connection.execute(text("SELECT id, slot FROM correlation_message ORDER BY id LIMIT 200")).all()
     params = {
         "t_names": [f"slot:{n}" for n in range(64)], "t_holders": ["r"] * 64, "t_fences": ["1"] * 64,
+        "t_slots": [str(n) for n in range(64)],
         "ids": [str(row.id) for row in rows], "slots": [str(row.slot) for row in rows], "fences": ["1"] * len(rows),
         "holders": ["r"] * len(rows), "heads": [str(rows[0].id)] * len(rows), "states": ["called"] * len(rows),
     }

@@ -118,10 +118,11 @@ _MARK_PG = text(
     """
     WITH fast AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
     terms AS MATERIALIZED (
-        SELECT l.name, l.fence, EXTRACT(EPOCH FROM l.lock_until - now()) AS remaining
+        SELECT l.name, l.fence, t.slot, EXTRACT(EPOCH FROM l.lock_until - now()) AS remaining
           FROM correlation_lock l
-          JOIN unnest(CAST(:t_names AS text[]), CAST(:t_holders AS text[]), CAST(:t_fences AS bigint[]))
-               AS t(name, holder, fence) ON l.name = t.name AND l.locked_by = t.holder AND l.fence = t.fence
+          JOIN unnest(CAST(:t_names AS text[]), CAST(:t_holders AS text[]), CAST(:t_fences AS bigint[]),
+                      CAST(:t_slots AS integer[]))
+               AS t(name, holder, fence, slot) ON l.name = t.name AND l.locked_by = t.holder AND l.fence = t.fence
          CROSS JOIN fast
          WHERE l.lock_until > now()
     ), rows AS MATERIALIZED (
@@ -134,8 +135,8 @@ _MARK_PG = text(
           FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
                       CAST(:holders AS text[]), CAST(:heads AS bigint[]), CAST(:states AS text[]))
                AS v(id, slot, fence, holder, head, state)
-          JOIN terms ON terms.name = 'slot:' || v.slot AND terms.fence = v.fence
          WHERE v.id IN (SELECT id FROM rows WHERE state = 'ready')
+           AND (v.slot, v.fence) IN (SELECT slot, fence FROM terms)
         ON CONFLICT (message_id) DO UPDATE SET state = excluded.state, run_head = excluded.run_head
          WHERE correlation_call.slot = excluded.slot AND correlation_call.fence = excluded.fence
            AND correlation_call.state IN ('called', 'alone')
@@ -442,6 +443,7 @@ class CallStatements(LockStatements):
             "t_names": text_array(fence.name for fence in terms),
             "t_holders": text_array(fence.holder for fence in terms),
             "t_fences": _ints(fence.fence for fence in terms),
+            "t_slots": _ints(terms.values()),
             **{key: _ints(columns[key]) for key in ("ids", "slots", "fences", "heads")},
             "holders": text_array(columns["holders"]),
             "states": text_array(columns["states"]),
@@ -486,7 +488,7 @@ class CallStatements(LockStatements):
         if not any(w.dispositions or w.unmark or w.abandon for w in writes):
             return FlushOutcome()
         if self.dialect == "postgresql":
-            if all(_only_successes(w) for w in writes) and not __import__("os").environ.get("NOFUSE"):
+            if all(_only_successes(w) for w in writes):
                 try:
                     return self._driver_statements(partial(self._flush_successes, writes=writes))
                 except (StoreError, DBAPIError) as error:  # a value refused: the steps below find which

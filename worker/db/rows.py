@@ -25,17 +25,26 @@ class Unreadable:
     reason: str
 
 
-
-
-
 _STATES = {state.value: state for state in MessageState}
 
 
+_FLAT = frozenset({str, int, float, bool, type(None)})  # JSON's scalars: nothing to freeze
+_EMPTY: MappingProxyType[str, Any] = MappingProxyType({})
+
+
 def freeze(value: Any) -> Any:
+    """Decoded JSON made read-only: objects as read-only mappings, arrays as tuples (scalars as they are)."""
+    kind = type(value)
+    if kind in _FLAT:
+        return value
+    if kind is dict and not value:
+        return _EMPTY
     if isinstance(value, dict):
-        return MappingProxyType({key: freeze(item) for key, item in value.items()})
+        return MappingProxyType(
+            {key: item if type(item) in _FLAT else freeze(item) for key, item in value.items()}
+        )
     if isinstance(value, list):
-        return tuple(freeze(item) for item in value)
+        return tuple(item if type(item) in _FLAT else freeze(item) for item in value)
     return value
 
 

@@ -273,7 +273,10 @@ class Committer:
         outcomes.queued_at = self._monotonic()
         with self._cond:
             self._queued.append(outcomes)
-            self._cond.notify_all()
+            # The first queued sets when the recorder flushes (a group window later); with others queued before
+            # it, the recorder already waits for the first one's window (or writes, or backs off after a failure).
+            if len(self._queued) == 1:
+                self._cond.notify_all()
 
     def idle(self) -> bool:
         """True when nothing waits to be written except deferred outcomes (rows locked elsewhere)."""

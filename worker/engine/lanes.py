@@ -46,7 +46,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from worker.config import Mode, Policy, Settings, format_duration
-from worker.correlators import Router
+from worker.correlators import Correlator, Router
 from worker.correlators.python import TransactionalCorrelator
 from worker.db.base import Fence
 from worker.db.errors import StoreError
@@ -71,6 +71,7 @@ from worker.service.tracing import Tracing
 logger = logging.getLogger(__name__)
 
 WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls
+_NO_SPAN = nullcontext()  # reusable: the call's span when tracing is off
 
 
 class Leases(Protocol):
@@ -200,6 +201,7 @@ class Lanes:
         self._started = False
         self._tally: Counter[str] = Counter()  # outcomes of calls, for Engine.run_once
         self._policies: dict[str, Policy] = {}
+        self._timeouts: dict[str, float] = {}  # per message name: its handler timeout in seconds
         self._call_seconds: dict[str, float] = {}  # per message name, smoothed
         self._mark_seconds = 0.002  # smoothed time a mark takes to be committed
         self._watchdog: threading.Thread | None = None
@@ -412,6 +414,12 @@ class Lanes:
             policy = self._policies[name] = self.settings.policy_for(name)
         return policy
 
+    def _timeout(self, name: str) -> float:
+        timeout = self._timeouts.get(name)
+        if timeout is None:
+            timeout = self._timeouts[name] = self._policy(name).handler_timeout.total_seconds()
+        return timeout
+
     def _run_of(self, work: HintWork) -> list[Message]:
         """The next calls of a hint under one mark: alone when it was lost before, else by call speed."""
         now = self.clock.now()
@@ -512,8 +520,7 @@ class Lanes:
 
     def _lease_lasts(self, work: HintWork, message: Message) -> bool:
         """The term the hint was fetched under still runs, long enough for this call."""
-        timeout = self._policy(message.name).handler_timeout.total_seconds()
-        return self.leases.safe_for(work.slot, work.fence) > timeout
+        return self.leases.safe_for(work.slot, work.fence) > self._timeout(message.name)
 
     def _run_marked(self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket) -> None:
         """Make a run's calls once its marks are written (asked for by this lane, or ahead by another)."""
@@ -580,8 +587,7 @@ class Lanes:
                     lane.unmark.extend(run[index:])
                     work.pending.clear()
                     return
-                policy = self._policy(message.name)
-                timeout = policy.handler_timeout.total_seconds()
+                timeout = self._timeout(message.name)
                 if message.expires_at is not None and message.is_expired(self.clock.now()):
                     lane.unmark.append(message)  # never correlated; cleanup removes it
                     continue
@@ -602,7 +608,7 @@ class Lanes:
                         "delivering message %s again (%d earlier call(s) not recorded)", message.id,
                         message.lost_calls, extra=_fields(message),
                     )
-                with self.tracing.call(message) if self.tracing else nullcontext() as span:
+                with self.tracing.call(message) if self.tracing else _NO_SPAN as span:
                     correlator = self.router.route(message.name)
                     status = None
                     if isinstance(correlator, TransactionalCorrelator):
@@ -621,12 +627,14 @@ class Lanes:
                             )
                             return
                     else:
-                        error, result = self._call(message)
+                        error, result = self._call(message, correlator)
                     elapsed = self._monotonic() - started
                     disposition = (
                         Disposition(message.id, Kind.DELETE, message.attempt, result=result)
                         if error is None
-                        else resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
+                        else resolve(
+                            message, error, self._policy(message.name), self.clock.now(), self.settings.poll.interval
+                        )
                     )
                     if span is not None:
                         timed_out = lane.abandoned
@@ -696,9 +704,9 @@ class Lanes:
         previous = self._call_seconds.get(name)
         self._call_seconds[name] = typical if previous is None else previous + 0.2 * (typical - previous)
 
-    def _call(self, message: Message) -> tuple[BaseException | None, str | None]:
-        """One correlator call: its outcome (None for success) and, on success, the target's answer."""
-        correlator = self.router.route(message.name)
+    def _call(self, message: Message, correlator: Correlator | None) -> tuple[BaseException | None, str | None]:
+        """One correlator call (``correlator``: its route): its outcome (None for success) and, on success, the
+        target's answer."""
         if correlator is None:
             return PermanentError(
                 f"no correlator route for message name {message.name!r}: add it to CORRELATION_CORRELATORS "
