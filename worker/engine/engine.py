@@ -76,8 +76,11 @@ ERROR_FIRST, ERROR_MAX = 0.5, 10.0  # backoff of a slot whose fetch failed
 # The cyclic collector's thresholds while an engine runs. Each message makes a few dozen short-lived objects
 # (its row, its frozen payload, its disposition), none of them in a cycle; at Python's default (700 new objects)
 # the collector ran every few messages and scanned the young generation for nothing, a sixth of the engine's
-# CPU in bench/drain.py. Cycles are still collected, a little later.
-GC_THRESHOLDS = (10_000, 10, 10)
+# CPU in bench/drain.py. The first threshold counts objects made and not yet freed: at 10 000 the pages of
+# messages waiting for lanes crossed it every few thousand messages, and each collection scanned (and promoted)
+# them all, 8-10 % of a replica's CPU in a no-op drain; at 100 000 a collection comes once the live objects grew
+# that much. Cycles are still collected, later (a few MB of them at most).
+GC_THRESHOLDS = (100_000, 20, 20)
 
 
 class SlotSource(Protocol):
