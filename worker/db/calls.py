@@ -20,7 +20,7 @@ waits on that lock but the message's own hint.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -352,6 +352,10 @@ _ENDED_CALLS = {
         """
     ),
 }
+# Whether a slot has any call row of another term (the adoption's own statement locks and reads them all).
+_ANY_ENDED_CALL_PG = text(
+    "SELECT EXISTS (SELECT FROM correlation_call c WHERE c.slot = :slot AND c.fence <> :fence)"
+)
 _SETTLE_LOST = text(
     """
     UPDATE correlation_message
@@ -750,7 +754,7 @@ class CallStatements(LockStatements):
         slot: int,
         fence: Fence,
         settle: Callable[[LostCall], LostCallOutcome],
-        keep: Collection[int] = (),
+        keep: Container[int] = (),
     ) -> Adoption:
         """Count the calls that ended terms of this slot left in flight, in one transaction under ``fence``.
 
@@ -760,8 +764,15 @@ class CallStatements(LockStatements):
         before the end, the run's first call still marked is taken for the one under way (a crash); ``settle``
         decides what that means (e.g. that a message whose call ran alone is poison). Calls whose message row
         another session holds are left for a later adoption (``kept``); nothing fetches those messages meanwhile.
+
+        On PostgreSQL a slot without a call of another term is told by one autocommit statement first: the sweeps
+        of every held slot, once a poll, then cost no transaction each.
         """
-        return self._write(partial(self._adopt, slot=slot, fence=fence, settle=settle, keep=set(keep)))
+        if self.dialect == "postgresql":
+            params = {"slot": slot, "fence": fence.fence}
+            if not self._driver_statements(lambda driver: driver_rows(driver, _ANY_ENDED_CALL_PG, params)[0][0]):
+                return Adoption()
+        return self._write(partial(self._adopt, slot=slot, fence=fence, settle=settle, keep=keep))
 
     def _adopt(
         self,
@@ -769,7 +780,7 @@ class CallStatements(LockStatements):
         slot: int,
         fence: Fence,
         settle: Callable[[LostCall], LostCallOutcome],
-        keep: set[int],
+        keep: Container[int],
     ) -> Adoption:
         self.lock_check_fence(connection, fence)
         rows = connection.execute(_ENDED_CALLS[self.dialect], {"slot": slot, "fence": fence.fence}).all()

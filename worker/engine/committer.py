@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from worker.db.base import Fence
@@ -263,10 +263,10 @@ class Committer:
             if self._in_flight.get(message_id) == fence:
                 del self._in_flight[message_id]
 
-    def in_flight(self) -> set[int]:
-        """Calls this replica marked and has not settled (their marks are its own business, whatever the term)."""
-        with self._cond:
-            return set(self._in_flight)
+    def in_flight(self) -> Container[int]:
+        """Calls this replica marked and has not settled (their marks are its own business, whatever the term): a
+        live view, not a copy (an adoption looks up the few calls it finds)."""
+        return self._in_flight.keys()
 
     def record(self, outcomes: Outcomes) -> None:
         """Queue a run's outcomes; they are written within a few milliseconds."""
