@@ -244,7 +244,9 @@ class SlotLeaser:
         under the next, even this replica's own)."""
         with self._state:
             lease = self._leases.get(slot)
-        if lease is None or lease.draining_since is not None or (fence is not None and lease.fence != fence):
+        if lease is None or lease.draining_since is not None:
+            return 0.0
+        if fence is not None and lease.fence is not fence and lease.fence != fence:  # the same term: the same object
             return 0.0
         return max(0.0, lease.safe_until - self._monotonic())
 
