@@ -8,8 +8,9 @@ from types import MappingProxyType
 
 import pytest
 
-from worker.db.rows import _slot_constructor, decode_row, freeze
-from worker.message import Message, MessageState
+from worker.db.rows import decode_row, freeze
+from worker.message import Message, MessageState, slot_constructor
+from worker.policy.outcomes import Disposition, Kind, succeeded
 
 
 def test_a_row_decodes_into_the_same_message_as_the_dataclass_makes() -> None:
@@ -39,9 +40,14 @@ def test_the_constructor_sets_the_fields_it_is_not_given_to_their_defaults() -> 
         label: str = "origin"
         tags: tuple[str, ...] = ()
 
-    make = _slot_constructor(Point, 2)
-    assert make((1, 2)) == Point(1, 2)
-    assert make((1, 2)).label == "origin" and make((1, 2)).tags == ()
+    make = slot_constructor(Point, 2)
+    assert make(1, 2) == Point(1, 2)
+    assert make(1, 2).label == "origin" and make(1, 2).tags == ()
+
+
+def test_a_success_is_the_disposition_the_dataclass_makes() -> None:
+    assert succeeded(3, 1, '{"key": 1}') == Disposition(3, Kind.DELETE, 1, result='{"key": 1}')
+    assert succeeded(3, 0, None).outcome == "success"
 
 
 def test_payloads_are_frozen_all_the_way_down() -> None:

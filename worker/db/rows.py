@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -12,7 +11,7 @@ from typing import Any
 from sqlalchemy.engine import Row
 
 from worker.db.base import UnreadableJson, json_loads
-from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Delivery, Message, MessageState
+from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Delivery, Message, MessageState, slot_constructor
 from worker.policy.outcomes import storable_text
 
 
@@ -29,25 +28,7 @@ class Unreadable:
 _STATES = {state.value: state for state in MessageState}
 
 
-def _slot_constructor(cls: type, count: int) -> Any:
-    """A function making a frozen slots dataclass from its first ``count`` fields' values (the others at their
-    defaults), each slot set through its descriptor. The dataclass's own ``__init__`` sets each field through
-    ``object.__setattr__`` (it is frozen): for the engine's messages that was twice the cost, a tenth of a
-    replica's CPU at full drain. ``cls`` must have no ``__post_init__``."""
-    fields = dataclasses.fields(cls)
-    setters = {f"_set{index}": cls.__dict__[field.name].__set__ for index, field in enumerate(fields)}
-    defaults = {f"_default{index}": field.default for index, field in enumerate(fields) if index >= count}
-    lines = [f"def make(values, _new=object.__new__, _cls=cls, {', '.join(f'{n}={n}' for n in setters)}, "
-             f"{', '.join(f'{n}={n}' for n in defaults)}):", "    made = _new(_cls)"]
-    lines += [f"    _set{index}(made, values[{index}])" for index in range(count)]
-    lines += [f"    _set{index}(made, _default{index})" for index in range(count, len(fields))]
-    lines.append("    return made")
-    namespace: dict[str, Any] = {"cls": cls, **setters, **defaults}
-    exec("\n".join(lines), namespace)  # the source is built above from the class's own fields
-    return namespace["make"]
-
-
-_make_message = _slot_constructor(Message, 17)  # the engine's columns: all but ``delivery`` (None)
+_make_message = slot_constructor(Message, 17)  # the engine's columns: all but ``delivery`` (None)
 
 
 _FLAT = frozenset({str, int, float, bool, type(None)})  # JSON's scalars: nothing to freeze
@@ -109,11 +90,9 @@ def decode_row(values: Sequence[Any], sqlite: bool) -> Message | Unreadable:
             next_attempt_at = sqlite_time(next_attempt_at)
             time_to_live = None if time_to_live is None else timedelta(seconds=float(time_to_live))
         return _make_message(  # type: ignore[no-any-return]
-            (
-                id_, message_id, name, hint, freeze(payload), freeze(headers), created_at, time_to_live, expires_at,
-                attempt, next_attempt_at, reschedule_count, last_error, _STATES.get(state) or MessageState(state),
-                slot, lost_calls, crashed_calls,
-            )
+            id_, message_id, name, hint, freeze(payload), freeze(headers), created_at, time_to_live, expires_at,
+            attempt, next_attempt_at, reschedule_count, last_error, _STATES.get(state) or MessageState(state),
+            slot, lost_calls, crashed_calls,
         )
     except (ValueError, TypeError, OverflowError, RecursionError) as error:
         reason = f"the worker cannot read this message: {type(error).__name__}: {str(error)[:300]}"

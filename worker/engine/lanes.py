@@ -63,6 +63,7 @@ from worker.policy.outcomes import (
     interpret_return,
     resolve,
     result_of,
+    succeeded,
 )
 from worker.service.logs import log_fields
 from worker.service.metrics import Metrics
@@ -630,7 +631,7 @@ class Lanes:
                         error, result = self._call(message, correlator)
                     elapsed = self._monotonic() - started
                     disposition = (
-                        Disposition(message.id, Kind.DELETE, message.attempt, result=result)
+                        succeeded(message.id, message.attempt, result)
                         if error is None
                         else resolve(
                             message, error, self._policy(message.name), self.clock.now(), self.settings.poll.interval
@@ -680,9 +681,9 @@ class Lanes:
         if not (done or unmark or abandon):
             return
         work.unrecorded += len(done) + len(unmark) + len(abandon)
-        self._tally.update(disposition.outcome for _, disposition in done)
         counts = Counter((message.name, disposition.outcome) for message, disposition in done)
         for (name, outcome), n in counts.items():
+            self._tally[outcome] += n
             self.metrics.messages.labels(name, outcome).inc(n)
         outcomes = Outcomes(
             work.slot, work.fence, done, lambda ended: self._recorded(work, ended), unmark=unmark, abandon=abandon

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from worker.config import Policy
-from worker.message import COUNTER_MAX, NEXT_ATTEMPT_MAX, Message
+from worker.message import COUNTER_MAX, NEXT_ATTEMPT_MAX, Message, slot_constructor
 from worker.policy.backoff import retry_delay
 
 ERROR_HEAD_LIMIT = 2000
@@ -128,6 +128,14 @@ class Disposition:
     def holds_back_hint(self) -> bool:
         """True when the message stays in the table due later (or dead), holding back its hint's later ones."""
         return self.kind in (Kind.BUFFER, Kind.RESCHEDULE)
+
+
+_MAKE_DISPOSITION = slot_constructor(Disposition, 7)
+
+
+def succeeded(message_id: int, attempt: int, result: str | None) -> Disposition:
+    """A success's disposition (made for every message: without the dataclass's slower ``__init__``)."""
+    return _MAKE_DISPOSITION(message_id, Kind.DELETE, attempt, None, 0, None, result)  # type: ignore[no-any-return]
 
 
 _OUTCOMES = {
