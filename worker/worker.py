@@ -21,6 +21,7 @@ from worker.admin.routes import console_routes
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
 from worker.db.base import sqlite_file
+from worker.db.errors import connection_lost
 from worker.db.listener import Listener
 from worker.db.schema import check_revision_known, head_revision
 from worker.db.store import DatabaseUnavailable, SchemaIncomplete, Store, StoreError
@@ -211,33 +212,44 @@ class Worker:
         if trouble is not None:
             return trouble
         try:
-            revision = self.store.schema_revision()
-            if revision is None:
-                return "the database has no correlation-worker schema: run `correlation-worker migrate`"
-            if revision != head_revision():
-                return (
-                    f"the database schema is at revision {revision}, this version needs {head_revision()}: "
-                    "run `correlation-worker migrate` (a newer schema needs a newer release)"
-                )
-            if self.store.database_read_only():
-                return (
-                    "the database is read-only (a standby, or default_transaction_read_only is on): this replica "
-                    "cannot record outcomes; point CORRELATION_DATABASE__URL at the primary"
-                )
-            absent = self.store.schema_missing()
-            if absent:
-                return (
-                    f"the database schema lacks {', '.join(absent)} (dropped or altered by hand): this replica "
-                    "cannot work; see `correlation-worker migrate`"
-                )
-            missing = self.store.privileges_missing()
-            if missing:
-                return (
-                    f"the database user lacks privileges the worker needs: {', '.join(missing)}; grant them "
-                    "(see the README's \"Database user\")"
-                )
+            return self._database_readiness()
+        except StoreError as error:
+            if not connection_lost(error):
+                return str(error)
+        # A pooled connection whose session ended (a server restart, a failover, sessions ended by an operator)
+        # fails its first statement, and the pool then replaces the connections opened before: ask once more.
+        try:
+            return self._database_readiness()
         except StoreError as error:
             return str(error)
+
+    def _database_readiness(self) -> str | None:
+        """Why the database keeps this replica from working (None: it does not)."""
+        revision = self.store.schema_revision()
+        if revision is None:
+            return "the database has no correlation-worker schema: run `correlation-worker migrate`"
+        if revision != head_revision():
+            return (
+                f"the database schema is at revision {revision}, this version needs {head_revision()}: "
+                "run `correlation-worker migrate` (a newer schema needs a newer release)"
+            )
+        if self.store.database_read_only():
+            return (
+                "the database is read-only (a standby, or default_transaction_read_only is on): this replica "
+                "cannot record outcomes; point CORRELATION_DATABASE__URL at the primary"
+            )
+        absent = self.store.schema_missing()
+        if absent:
+            return (
+                f"the database schema lacks {', '.join(absent)} (dropped or altered by hand): this replica "
+                "cannot work; see `correlation-worker migrate`"
+            )
+        missing = self.store.privileges_missing()
+        if missing:
+            return (
+                f"the database user lacks privileges the worker needs: {', '.join(missing)}; grant them "
+                "(see the README's \"Database user\")"
+            )
         return self.leaser.trouble()
 
     def health(self) -> str | None:

@@ -666,6 +666,24 @@ def test_readiness_turns_red_naming_a_table_dropped_under_a_running_worker(
     assert len(lines(reason)) == 1 and "lacks table correlation_message" in reason, reason
 
 
+def test_sessions_ended_under_the_pool_leave_a_healthy_database_ready(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    # The sessions of the pool's idle connections end (a server restart, a failover, an operator ending them)
+    # while the database itself is fine: the probe that meets such a connection first asks again on a fresh
+    # one instead of calling the replica unready (the pool replaces the connections opened before).
+    process = start_worker(pg_db, correlators=json.dumps({"*": "log"}), poll__interval="PT30S",
+                           lease__duration="PT60S", lease__renew_interval="PT20S")
+    base = endpoint(process)
+    name = pg_db.execute("SELECT current_database() AS name")[0]["name"]
+    others = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+    for _ in range(3):
+        assert http_get(base + "/readyz") == (200, "ready\n")
+        pg_db.execute(others, (name,))
+        assert http_get(base + "/readyz") == (200, "ready\n")
+    assert process.running()
+
+
 def test_a_read_only_database_makes_the_replica_not_ready_and_its_failed_writes_counted(
     pg_db: Database, start_worker: StartWorker
 ) -> None:

@@ -171,6 +171,14 @@ def _login_refused(error: DBAPIError) -> DatabaseAccessDenied | None:
     return None
 
 
+def connection_lost(error: StoreError) -> bool:
+    """True when a statement failed because its pooled connection's session had ended (a server restart, a
+    failover, sessions ended by an operator): the pool replaces the connections opened before, so a second try
+    meets a fresh one."""
+    cause = error.__cause__
+    return isinstance(cause, DBAPIError) and bool(cause.connection_invalidated)
+
+
 def translate(error: DBAPIError) -> StoreError | None:
     """The store exception a driver error stands for; None for an error that is a bug (re-raise it as is)."""
     if isinstance(error, IntegrityError):
