@@ -101,6 +101,8 @@ def slot_constructor(cls: type, count: int) -> Callable[..., Any]:
     CPU at full drain). ``cls`` must have no ``__post_init__`` and plain defaults for the fields left out.
     """
     fields = dataclasses.fields(cls)
+    if hasattr(cls, "__post_init__") or any(field.default is dataclasses.MISSING for field in fields[count:]):
+        raise TypeError(f"{cls.__name__} has a __post_init__ or no plain default for a field after the first {count}")
     setters = {f"_set{index}": cls.__dict__[field.name].__set__ for index, field in enumerate(fields)}
     defaults = {f"_default{index}": field.default for index, field in enumerate(fields) if index >= count}
     given = ", ".join(f"v{index}" for index in range(count))

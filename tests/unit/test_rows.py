@@ -57,3 +57,22 @@ def test_payloads_are_frozen_all_the_way_down() -> None:
     with pytest.raises(TypeError):
         frozen["a"] = 1  # type: ignore[index]
     assert freeze("text") == "text" and freeze([]) == ()
+
+
+def test_the_constructor_refuses_a_class_it_could_not_make_as_its_init_would() -> None:
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        x: int
+
+        def __post_init__(self) -> None:
+            assert self.x >= 0
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Listed:
+        x: int
+        items: list[int] = dataclasses.field(default_factory=list)
+
+    with pytest.raises(TypeError):
+        slot_constructor(Checked, 1)
+    with pytest.raises(TypeError):
+        slot_constructor(Listed, 1)

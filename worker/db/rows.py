@@ -26,11 +26,7 @@ class Unreadable:
 
 
 _STATES = {state.value: state for state in MessageState}
-
-
 _make_message = slot_constructor(Message, 17)  # the engine's columns: all but ``delivery`` (None)
-
-
 _FLAT = frozenset({str, int, float, bool, type(None)})  # JSON's scalars: nothing to freeze
 _EMPTY: MappingProxyType[str, Any] = MappingProxyType({})
 
