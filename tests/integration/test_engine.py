@@ -586,9 +586,6 @@ def test_a_message_is_called_at_once_on_its_producers_notify_long_before_the_pol
         thread.join(timeout=5)
 
 
-# -- helpers ------------------------------------------------------------------------------------------------
-
-
 def test_a_hint_the_full_page_left_no_room_for_is_fetched_at_once_not_at_the_next_poll(store: Store) -> None:
     """Two hints fill the page with whole batches: the third, chosen too, got none of its messages."""
     first = send(store, "a-first")
@@ -600,6 +597,9 @@ def test_a_hint_the_full_page_left_no_room_for_is_fetched_at_once_not_at_the_nex
     run.start()
     wait_until(lambda: sorted(calls.ids()) == [first, second, third], "the third hint, long before the next poll",
                timeout=10)
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
 
 
 def _hint_in_slot(store: Store, slot: int, prefix: str) -> str:
