@@ -59,6 +59,39 @@ DEFERRED_FIRST, DEFERRED_MAX = 0.1, 5.0  # how soon a deferred outcome (row lock
 Recorded = Callable[[Sequence[tuple[Message, str]]], None]
 
 
+class Latch:
+    """A one-shot event, set once by one thread and waited on by any: one lock, held until it is set.
+
+    Each run's mark and outcomes have one, so it costs what :class:`threading.Event` costs per message over
+    and over: an Event builds a Condition (a lock, a waiter list and its bookkeeping) and setting it notifies
+    through that list; this makes one lock and releases it.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until set (or for ``timeout`` seconds at most); answers whether it is set."""
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            self._lock.release()  # the next waiter's turn
+            return True
+        return self._set
+
+
 @dataclass(eq=False)
 class MarkTicket:
     """Calls waiting for their marks: :meth:`wait` gives the seconds left of the lease once they are written,
@@ -71,7 +104,7 @@ class MarkTicket:
     calls: tuple[int, ...]  # the messages, in call order
     alone: bool = False
     asked: float = 0.0
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Latch = field(default_factory=Latch)
     remaining: float | None = None
     marked: frozenset[int] = frozenset()
     seconds: float = 0.0  # how long the marks took to be written
@@ -107,7 +140,7 @@ class Outcomes:
     queued_at: float = 0.0
     retry_at: float = 0.0
     delay: float = DEFERRED_FIRST
-    handled: threading.Event = field(default_factory=threading.Event)
+    handled: Latch = field(default_factory=Latch)
 
 
 class Committer:

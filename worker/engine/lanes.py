@@ -191,7 +191,11 @@ class Lanes:
         self._held_back = held_back  # a durable pause holds this message back now
         self._monotonic = monotonic
         self.concurrency = settings.poll.concurrency
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # Idle lanes wait on this one (same lock): new work wakes as many of them as it has hints, where a
+        # notify_all of _cond woke every idle lane and every waiter at the gate for each page of work.
+        self._work_ready = threading.Condition(lock)
         self._rotation: deque[HintWork] = deque()
         # The front of the rotation, its runs marked ahead while every lane was calling: lanes take these first.
         self._ahead: deque[_Ahead] = deque()  # at most one per lane
@@ -238,6 +242,7 @@ class Lanes:
             self._rotation.clear()
             dropped += self._let_go_ahead(lambda work: True, withdraw=True)
             self._cond.notify_all()
+            self._work_ready.notify_all()
         return dropped
 
     def _let_go_ahead(self, which: Callable[[HintWork], bool], *, withdraw: bool) -> list[HintWork]:
@@ -255,6 +260,8 @@ class Lanes:
             item.work.running = False
             let_go.append(item.work)
         self._ahead = kept
+        if let_go:  # the gate may have waited for these runs
+            self._cond.notify_all()
         return let_go
 
     def wait_for_calls(self, grace: float) -> None:
@@ -304,7 +311,7 @@ class Lanes:
         with self._cond:
             if not self._stopping:
                 self._rotation.extend(works)
-                self._cond.notify_all()
+                self._work_ready.notify(len(works))
                 return
         for work in works:  # fetched while the replica stops: let go at once, or their slots stay busy
             self.settle(work)
@@ -371,7 +378,7 @@ class Lanes:
                         taken = lane.work = self._rotation.popleft()
                         taken.running = True
                         break
-                self._cond.wait(0.5)
+                self._work_ready.wait(0.5)
         self._on_taken()
         return taken
 
@@ -397,12 +404,13 @@ class Lanes:
                     self._hung -= 1
                     self.metrics.hung_calls.set(self._hung)
                     work.hung = False
+                    self._work_ready.notify_all()  # lanes that stopped taking work while every lane was stuck
                 if lane.abandoned:
                     self._lanes.remove(lane)
                 requeue = bool(work.pending) and not work.stopped and not self._stopping
                 if requeue:
                     self._rotation.append(work)
-                    self._cond.notify_all()
+                    self._work_ready.notify()
                 abandoned = lane.abandoned
             if not requeue:
                 self.settle(work)
@@ -509,6 +517,8 @@ class Lanes:
             # Every run ends here: waking all the lanes each time cost more than the calls of a fast correlator.
             if was_alone or self._alone_waiting or self._stopping:
                 self._cond.notify_all()
+            if was_alone and self._ahead:  # runs marked ahead wait for the gate to open
+                self._work_ready.notify(len(self._ahead))
 
     def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> None:
         if not self._lease_lasts(work, run[0]):
@@ -575,7 +585,7 @@ class Lanes:
             work.running = True
             ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
             self._ahead.append(_Ahead(work, run, ticket))
-            self._cond.notify()
+            self._work_ready.notify()
 
     def _calls(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
         """Make a run's calls in order; their outcomes collect on the lane until the run ends."""
@@ -808,6 +818,7 @@ class Lanes:
         if self._alone is lane:  # the replica goes on without it (nothing is alone while it runs)
             self._alone = None
         self._cond.notify_all()
+        self._work_ready.notify_all()
         self._hung += 1
         work.hung = True
         work.pending.clear()
