@@ -121,6 +121,61 @@ def test_a_slot_fetch_returns_only_that_slots_messages(store: Store) -> None:
         assert sorted(m.id for m in fetch_slot(store, slot)) == expected
 
 
+def _plan(store: Store, sql: str, params: dict[str, Any], setting: str | None) -> str:
+    """EXPLAIN of a statement as the engine runs it: in a transaction of its own, under ``setting``."""
+    with store.engine.connect() as connection:
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        with driver.transaction():
+            if setting is not None:
+                driver.execute(setting)
+            rows = driver.execute("EXPLAIN " + sql, params).fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+def test_candidates_keep_to_the_slots_index_when_statistics_saw_no_ready_row(store: Store) -> None:
+    """A backlog paused when the table was last vacuumed and analyzed (or a queue empty then), released, and a
+    drain under way: the statistics price every index on ready rows at one row. The candidates' probes must still
+    walk the slot's own fresh hints, not the ready rows of every slot (which gives hint order too: a probe then
+    reads every ready row up to the slot's next hint; 6-10 ms a statement in a drain, against 0.3)."""
+    from worker.db.base import driver_sql
+    from worker.db.fetch import _NO_SORTS, _candidates_sql
+
+    def run(*statements: str) -> None:
+        with store.engine.connect() as connection:
+            autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
+            for statement in statements:
+                autocommit.execute(text(statement))
+
+    run(
+        "INSERT INTO correlation_message (message_name, correlation_hint, payload) "
+        "SELECT 'order.paid', 'hint-' || (i % 1000), jsonb_build_object('n', i) FROM generate_series(1, 20000) i",
+        "UPDATE correlation_message SET state = 'paused'",
+        "VACUUM ANALYZE correlation_message",
+        "UPDATE correlation_message SET state = 'ready'",
+        # three in four delivered since, as a drain leaves them (their records kept)
+        "UPDATE correlation_message SET state = 'delivered', outcome = 'correlated', finished_at = now(), "
+        "payload = '{}' WHERE id % 4 <> 0",
+    )
+    slot = _slot(store, "hint-7")
+    params = {"slot": slot, "after": "", "budget": 100, "skip": "{}"}
+    # The probe as it was written before (the slot a constant, hint order, sorts allowed) takes the other index
+    # here: this is the case that went wrong.
+    old = (
+        "SELECT m.correlation_hint FROM correlation_message m WHERE m.slot = %(slot)s AND m.state = 'ready' "
+        "AND m.next_attempt_at IS NULL AND m.correlation_hint > %(after)s ORDER BY m.correlation_hint LIMIT 1"
+    )
+    assert "correlation_message_hint_ready_idx" in _plan(store, old, params, None)
+    for wrap in (False, True):
+        sql = driver_sql(_candidates_sql("postgresql", wrap))
+        plan = _plan(store, sql, params | {"after": "hint-5"} if wrap else params, _NO_SORTS)
+        assert "correlation_message_fresh_hint_idx" in plan, plan
+        assert "correlation_message_hint_ready_idx" not in plan, plan
+    candidates = store.messages_candidates(slot, "", 1000)
+    ready = {f"hint-{i}" for i in range(0, 1000, 4)}  # 1000 hints: message n's hint is n mod 1000
+    assert sorted(candidates.fresh) == sorted(hint for hint in ready if _slot(store, hint) == slot)
+
+
 def test_sql_eligibility_matches_the_pure_rule_on_random_tables(any_store: Store) -> None:
     rng = random.Random(20261121)
     for _ in range(120):

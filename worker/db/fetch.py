@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 
 from worker.config import Mode
-from worker.db.base import StoreBase, driver_rows, driver_sql, text_array
+from worker.db.base import StoreBase, driver_sql, text_array
 from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
 from worker.message import Message
@@ -111,7 +111,17 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
         if with_horizon
         else f"SELECT 't', NULL, {now}"
     )
-    fresh = "m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NULL"
+    # PostgreSQL: each probe must walk the slot's own fresh hints (correlation_message_fresh_hint_idx), never
+    # the hints of every slot (correlation_message_hint_ready_idx, which gives hint order too, the slot filtered
+    # out row by row: a probe then reads every ready row up to the slot's next hint). Statistics taken while no
+    # row was ready (an empty queue before a burst, a paused backlog before its release) price both at one row,
+    # and the choice turned to the wrong one as the table grew during a drain: 6-10 ms a candidates statement
+    # instead of 0.3. The slot is compared through ANY, so that it is no constant the order can drop, and the
+    # probe asks for (slot, hint) order: only the slot's index gives it without a sort, and the statement runs
+    # with sorts priced out (FetchStatements._candidates), so the planner cannot take the other index.
+    slot = "m.slot = ANY(ARRAY[CAST(:slot AS smallint)])" if pg else "m.slot = :slot"
+    order = "m.slot, m.correlation_hint" if pg else "m.correlation_hint"
+    fresh = f"{slot} AND m.state = 'ready' AND m.next_attempt_at IS NULL"
     bound = "AND m.correlation_hint <= :after" if wrap else ""
     start = "''" if wrap else ":after"
     return text(
@@ -119,11 +129,11 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
         WITH RECURSIVE fresh(hint) AS (
             SELECT (SELECT m.correlation_hint FROM correlation_message m
                      WHERE {fresh} AND m.correlation_hint > {start} {bound}
-                     ORDER BY m.correlation_hint LIMIT 1)
+                     ORDER BY {order} LIMIT 1)
             UNION ALL
             SELECT (SELECT m.correlation_hint FROM correlation_message m
                      WHERE {fresh} AND m.correlation_hint > fresh.hint {bound}
-                     ORDER BY m.correlation_hint LIMIT 1)
+                     ORDER BY {order} LIMIT 1)
               FROM fresh WHERE fresh.hint IS NOT NULL
         )
         SELECT 'f' AS kind, hint, {no_time} AS due{extra} FROM (
@@ -207,25 +217,24 @@ def _statement(dialect: str, name: str, variant: object, build: Callable[[], Tex
     return statement
 
 
-# The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone.
+# Settings of one statement's transaction alone. The batches' statement runs its generic plan: for it a plan made
+# for the values at hand costs more to make (about half a millisecond here) than the generic one costs to run,
+# yet PostgreSQL's own choice stays with such plans when the batch is one hint's. The candidates' statement runs
+# with sorts priced out, so that its probes keep to the slot's index (see _candidates_sql).
 _PIPELINE = psycopg.Pipeline.is_supported()
 _GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
+_NO_SORTS = "SET LOCAL enable_sort = off"
 
-def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list[Any]:
-    """The rows of a statement run with its generic plan, in one round trip and a transaction of its own (so
-    that the setting ends with it whatever happens), on a connection in autocommit; else as it is.
-
-    For the batches' statement a plan made for the values at hand costs more to make (about half a millisecond
-    here) than the generic one costs to run, yet PostgreSQL's own choice stays with such plans when the batch
-    is one hint's.
-    """
+def _rows_with_setting(driver: Any, sql: str, params: dict[str, Any], setting: str) -> list[Any]:
+    """The rows of a statement run under a ``SET LOCAL``, in one round trip and a transaction of its own (so that
+    the setting ends with it whatever happens), on a connection in autocommit; else as it is."""
     with driver.cursor(binary=True) as cursor:
         if not (_PIPELINE and driver.autocommit):
             return cursor.execute(sql, params).fetchall()  # type: ignore[no-any-return]
         try:
             with driver.pipeline():
                 driver.execute("BEGIN")
-                driver.execute(_GENERIC_PLAN)
+                driver.execute(setting)
                 cursor.execute(sql, params)
                 driver.execute("COMMIT")
         except Exception:
@@ -325,7 +334,8 @@ class FetchStatements(StoreBase):
             statement = _statement(self.dialect, "candidates", wrap, lambda: _candidates_sql(self.dialect, wrap))
             params = {"slot": slot, "after": after, "budget": take, "skip": busy}
             if pg:  # psycopg itself: this statement runs at every fetch
-                return driver_rows(connection.connection.driver_connection, statement, params)
+                driver = connection.connection.driver_connection
+                return _rows_with_setting(driver, driver_sql(statement), params, _NO_SORTS)
             return list(connection.execute(statement, params).all())
 
         # Rows: (kind, hint, due[, last_id, pin_ids, pin_holders]).
@@ -363,7 +373,7 @@ class FetchStatements(StoreBase):
             # built by the driver alone cost a fraction of the general result machinery.
             params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
             driver = connection.connection.driver_connection
-            rows: list[Any] = _rows_of_generic_plan(driver, driver_sql(statement), params)
+            rows: list[Any] = _rows_with_setting(driver, driver_sql(statement), params, _GENERIC_PLAN)
         else:
             rows = []
             for hint in hints:
