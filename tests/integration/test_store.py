@@ -121,15 +121,12 @@ def test_a_slot_fetch_returns_only_that_slots_messages(store: Store) -> None:
         assert sorted(m.id for m in fetch_slot(store, slot)) == expected
 
 
-def _plan(store: Store, sql: str, params: dict[str, Any], setting: str | None) -> str:
-    """EXPLAIN of a statement as the engine runs it: in a transaction of its own, under ``setting``."""
+def _plan(store: Store, sql: str, params: dict[str, Any]) -> str:
+    """EXPLAIN of a statement written for psycopg."""
     with store.engine.connect() as connection:
         driver = connection.connection.driver_connection
         assert driver is not None
-        with driver.transaction():
-            if setting is not None:
-                driver.execute(setting)
-            rows = driver.execute("EXPLAIN " + sql, params).fetchall()
+        rows = driver.execute("EXPLAIN " + sql, params).fetchall()
     return "\n".join(row[0] for row in rows)
 
 
@@ -139,7 +136,7 @@ def test_candidates_keep_to_the_slots_index_when_statistics_saw_no_ready_row(sto
     walk the slot's own fresh hints, not the ready rows of every slot (which gives hint order too: a probe then
     reads every ready row up to the slot's next hint; 6-10 ms a statement in a drain, against 0.3)."""
     from worker.db.base import driver_sql
-    from worker.db.fetch import _NO_SORTS, _candidates_sql
+    from worker.db.fetch import _candidates_sql
 
     def run(*statements: str) -> None:
         with store.engine.connect() as connection:
@@ -165,10 +162,10 @@ def test_candidates_keep_to_the_slots_index_when_statistics_saw_no_ready_row(sto
         "SELECT m.correlation_hint FROM correlation_message m WHERE m.slot = %(slot)s AND m.state = 'ready' "
         "AND m.next_attempt_at IS NULL AND m.correlation_hint > %(after)s ORDER BY m.correlation_hint LIMIT 1"
     )
-    assert "correlation_message_hint_ready_idx" in _plan(store, old, params, None)
+    assert "correlation_message_hint_ready_idx" in _plan(store, old, params)
     for wrap in (False, True):
         sql = driver_sql(_candidates_sql("postgresql", wrap))
-        plan = _plan(store, sql, params | {"after": "hint-5"} if wrap else params, _NO_SORTS)
+        plan = _plan(store, sql, params | {"after": "hint-5"} if wrap else params)
         assert "correlation_message_fresh_hint_idx" in plan, plan
         assert "correlation_message_hint_ready_idx" not in plan, plan
     candidates = store.messages_candidates(slot, "", 1000)
