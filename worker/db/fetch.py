@@ -218,22 +218,25 @@ def _statement(dialect: str, name: str, variant: object, build: Callable[[], Tex
     return statement
 
 
-# The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone: for
-# it a plan made for the values at hand costs more to make (about half a millisecond here) than the generic one
-# costs to run, yet PostgreSQL's own choice stays with such plans when the batch is one hint's.
+# The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone.
 _PIPELINE = psycopg.Pipeline.is_supported()
 _GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
 
-def _rows_with_setting(driver: Any, sql: str, params: dict[str, Any], setting: str) -> list[Any]:
-    """The rows of a statement run under a ``SET LOCAL``, in one round trip and a transaction of its own (so that
-    the setting ends with it whatever happens), on a connection in autocommit; else as it is."""
+def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list[Any]:
+    """The rows of a statement run with its generic plan, in one round trip and a transaction of its own (so
+    that the setting ends with it whatever happens), on a connection in autocommit; else as it is.
+
+    For the batches' statement a plan made for the values at hand costs more to make (about half a millisecond
+    here) than the generic one costs to run, yet PostgreSQL's own choice stays with such plans when the batch
+    is one hint's.
+    """
     with driver.cursor(binary=True) as cursor:
         if not (_PIPELINE and driver.autocommit):
             return cursor.execute(sql, params).fetchall()  # type: ignore[no-any-return]
         try:
             with driver.pipeline():
                 driver.execute("BEGIN")
-                driver.execute(setting)
+                driver.execute(_GENERIC_PLAN)
                 cursor.execute(sql, params)
                 driver.execute("COMMIT")
         except Exception:
@@ -371,7 +374,7 @@ class FetchStatements(StoreBase):
             # built by the driver alone cost a fraction of the general result machinery.
             params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
             driver = connection.connection.driver_connection
-            rows: list[Any] = _rows_with_setting(driver, driver_sql(statement), params, _GENERIC_PLAN)
+            rows: list[Any] = _rows_of_generic_plan(driver, driver_sql(statement), params)
         else:
             rows = []
             for hint in hints:

@@ -32,10 +32,10 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.types import TypeEngine
 
 from worker import __version__
+from worker.db.errors import SchemaTooNew
 
 if TYPE_CHECKING:
     from alembic.config import Config
-from worker.db.errors import SchemaTooNew
 
 VERSION_TABLE = "correlation_schema_version"
 SLOT_COUNT = 64  # fixed by the schema: slot = hash(correlation_hint) mod 64 on PostgreSQL
