@@ -599,6 +599,23 @@ def test_a_hint_the_full_page_left_no_room_for_is_fetched_at_once_not_at_the_nex
                timeout=10)
 
 
+def test_hints_a_full_page_had_no_room_for_come_first_in_the_next_fetch(store: Store) -> None:
+    """More candidate hints than the page holds: the next fetch goes on after the last hint taken, not after the
+    last candidate, so the round robin calls the hints in its own order and skips none until it comes round."""
+    first = send(store, "a-first")
+    slot = rows(store)[first].slot
+    hints = [str(row[0]) for row in sql(
+        store, "SELECT h FROM (SELECT 'k-' || lpad(i::text, 5, '0') AS h FROM generate_series(1, 100000) AS i) AS x "
+               "WHERE ((hashtext(h) % 64) + 64) % 64 = :slot ORDER BY h LIMIT 12", slot=slot)]
+    sent = {send(store, hint): hint for hint in reversed(hints)}  # ids in the opposite order to the hints'
+    calls = Calls()
+    # One lane: a budget of three or four candidate hints a fetch, a page of two messages.
+    run = engine(store, calls, settings(poll={"interval": "PT30S", "page_size": 2, "concurrency": 1}))
+    run.start()
+    wait_until(lambda: len(calls.ids()) == len(sent) + 1, "every message")
+    assert [sent[i] for i in calls.ids() if i in sent] == hints
+
+
 # -- helpers ------------------------------------------------------------------------------------------------
 
 

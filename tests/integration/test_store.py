@@ -88,6 +88,20 @@ def test_a_hint_with_many_messages_is_one_candidate_and_its_batch_is_a_prefix(an
     assert [m.id for m in batch.messages] == ids[:7]
 
 
+def test_a_full_page_takes_whole_batches_in_the_order_the_hints_are_given(any_store: Store) -> None:
+    # Interleaved ids, as producers write them: c, b, a, c, b, a, ...
+    ids: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+    for _ in range(4):
+        for hint in ("c", "b", "a"):
+            ids[hint].append(add(any_store, hint))
+    fetched = any_store.messages_fetch_batches(["a", "b", "c"], horizon=2**62, per_hint=100, limit=6,
+                                               mode=Mode.FAIL_FIRST)
+    # a's batch whole, then b's cut by the page: not the six lowest ids spread over the three hints.
+    assert [m.id for m in fetched.messages] == ids["a"] + ids["b"][:2]
+    if fetched.cut is not None:  # PostgreSQL says which batches the page cut short
+        assert fetched.cut == {"b"}
+
+
 def test_waiting_message_holds_back_its_group(any_store: Store) -> None:
     waiting = add(any_store, "a", attempt=1, next_attempt_at=60)
     add(any_store, "a")

@@ -192,12 +192,14 @@ def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
 def _batches_statement(dialect: str, mode: Mode) -> TextClause:
     if dialect == "postgresql":
         inner = _batch_sql(dialect, mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}", "m.*", 1)
-        # Each row says how long its hint's batch is: a hint with fewer rows in the page was cut by its limit.
+        # The page takes the hints' batches whole, in the order the hints are given (the round robin's), until
+        # its limit: a hint split between two fetches costs a second fetch, run and mark for the same batch.
+        # Each row says how long its hint's batch is: a hint with fewer rows in the page was cut by the limit.
         sql = f"""
             SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, x.batch, {_IN_FLIGHT.format(m="x")}
-              FROM unnest(CAST(:hints AS text[])) AS c(hint)
+              FROM unnest(CAST(:hints AS text[])) WITH ORDINALITY AS c(hint, turn)
              CROSS JOIN LATERAL (SELECT y.*, count(*) OVER () AS batch FROM ({inner}) AS y) AS x
-             ORDER BY x.id LIMIT :limit"""
+             ORDER BY c.turn, x.id LIMIT :limit"""
         return text(sql).bindparams(
             bindparam("hints", type_=ARRAY(Text())),
             bindparam("horizon", type_=BigInteger()),

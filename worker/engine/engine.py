@@ -524,12 +524,18 @@ class Engine:
         short = batches.cut if batches.cut is not None else None if full else frozenset()
         works = self._works(now, state, batches.messages, batches.in_flight, paused_names, short)
         got = {work.hint for work in works}
-        left_out = full and bool(set(chosen) - {message.hint for message in batches.messages})  # no room for them
+        taken = {message.hint for message in batches.messages}
+        left_out = full and bool(set(chosen) - taken)  # no room for them
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
-            # Cut by the budget: the next fetch goes on after the last hint taken (every hint gets its turn).
+            # Cut by the budget: the next fetch goes on after the last hint taken (every hint gets its turn); a
+            # full page took the batches in the candidates' order, so the hints it had no room for come next.
             # Not cut: every fresh hint was seen, so the next fetch starts over, one statement, no wrap round.
-            state.cursor = candidates.fresh[-1] if len(candidates.fresh) >= budget else ""
+            if len(candidates.fresh) >= budget:
+                last = next((hint for hint in reversed(candidates.fresh) if hint in taken), None) if full else None
+                state.cursor = candidates.fresh[-1] if last is None else last
+            else:
+                state.cursor = ""
             for work in works:
                 self._busy[work.hint] = work
             self._tally["_fetched"] += fetched
