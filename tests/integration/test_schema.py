@@ -271,3 +271,14 @@ def test_a_message_inserted_dead_gets_a_reason_saying_so(conn: Connection) -> No
     insert(conn, ", state, last_error", ", 'dead', 'moved here from the old system'")
     errors = conn.execute(text("SELECT last_error FROM correlation_message ORDER BY id")).scalars().all()
     assert errors == ["inserted as dead, not by the worker: it was never called", "moved here from the old system"]
+
+
+def test_the_head_revision_a_replica_compares_with_is_the_newest_migration_shipped() -> None:
+    """A replica starts without reading the migrations through alembic: the head it knows must be theirs."""
+    from alembic.script import ScriptDirectory
+
+    from worker.db.schema import alembic_config, head_revision, known_revisions
+
+    scripts = ScriptDirectory.from_config(alembic_config())
+    assert head_revision() == scripts.get_current_head()
+    assert head_revision() in known_revisions()
