@@ -607,7 +607,7 @@ def test_hints_a_full_page_had_no_room_for_come_first_in_the_next_fetch(store: S
     hints = [str(row[0]) for row in sql(
         store, "SELECT h FROM (SELECT 'k-' || lpad(i::text, 5, '0') AS h FROM generate_series(1, 100000) AS i) AS x "
                "WHERE ((hashtext(h) % 64) + 64) % 64 = :slot ORDER BY h LIMIT 12", slot=slot)]
-    sent = {send(store, hint): hint for hint in reversed(hints)}  # ids in the opposite order to the hints'
+    sent = {send(store, hint): hint for hint in hints}
     calls = Calls()
     # One lane: a budget of three or four candidate hints a fetch, a page of two messages.
     run = engine(store, calls, settings(poll={"interval": "PT30S", "page_size": 2, "concurrency": 1}))

@@ -88,7 +88,7 @@ def test_a_hint_with_many_messages_is_one_candidate_and_its_batch_is_a_prefix(an
     assert [m.id for m in batch.messages] == ids[:7]
 
 
-def test_a_full_page_takes_whole_batches_in_the_order_the_hints_are_given(any_store: Store) -> None:
+def test_a_full_page_takes_whole_batches_oldest_first(any_store: Store) -> None:
     # Interleaved ids, as producers write them: c, b, a, c, b, a, ...
     ids: dict[str, list[int]] = {"a": [], "b": [], "c": []}
     for _ in range(4):
@@ -96,8 +96,9 @@ def test_a_full_page_takes_whole_batches_in_the_order_the_hints_are_given(any_st
             ids[hint].append(add(any_store, hint))
     fetched = any_store.messages_fetch_batches(["a", "b", "c"], horizon=2**62, per_hint=100, limit=6,
                                                mode=Mode.FAIL_FIRST)
-    # a's batch whole, then b's cut by the page: not the six lowest ids spread over the three hints.
-    assert [m.id for m in fetched.messages] == ids["a"] + ids["b"][:2]
+    # c's batch whole (its first message is the oldest), then b's cut by the page: not the six lowest ids spread
+    # over the three hints, nor the hints in the order given.
+    assert [m.id for m in fetched.messages] == ids["c"] + ids["b"][:2]
     if fetched.cut is not None:  # PostgreSQL says which batches the page cut short
         assert fetched.cut == {"b"}
 

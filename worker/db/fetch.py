@@ -191,15 +191,21 @@ def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
 
 def _batches_statement(dialect: str, mode: Mode) -> TextClause:
     if dialect == "postgresql":
-        inner = _batch_sql(dialect, mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}", "m.*", 1)
-        # The page takes the hints' batches whole, in the order the hints are given (the round robin's), until
-        # its limit: a hint split between two fetches costs a second fetch, run and mark for the same batch.
+        def inner(hint: str) -> str:
+            return _batch_sql(dialect, mode, hint).replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}", "m.*", 1)
+
+        # The page takes the hints' batches whole, oldest first (by each batch's first id), until its limit: a
+        # hint split between two fetches costs a second fetch, run and mark for the same batch, and the oldest
+        # work (a message delivered again after a crash among it) goes first. The hints are put in that order
+        # first (one probe each), so that the batches are read in it and no further than the limit.
         # Each row says how long its hint's batch is: a hint with fewer rows in the page was cut by the limit.
         sql = f"""
             SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, x.batch, {_IN_FLIGHT.format(m="x")}
-              FROM unnest(CAST(:hints AS text[])) WITH ORDINALITY AS c(hint, turn)
-             CROSS JOIN LATERAL (SELECT y.*, count(*) OVER () AS batch FROM ({inner}) AS y) AS x
-             ORDER BY c.turn, x.id LIMIT :limit"""
+              FROM unnest(ARRAY(SELECT c.hint FROM unnest(CAST(:hints AS text[])) AS c(hint)
+                                 CROSS JOIN LATERAL (SELECT y.id FROM ({inner("c.hint")}) AS y LIMIT 1) AS h
+                                 ORDER BY h.id)) WITH ORDINALITY AS o(hint, turn)
+             CROSS JOIN LATERAL (SELECT y.*, count(*) OVER () AS batch FROM ({inner("o.hint")}) AS y) AS x
+             ORDER BY o.turn, x.id LIMIT :limit"""
         return text(sql).bindparams(
             bindparam("hints", type_=ARRAY(Text())),
             bindparam("horizon", type_=BigInteger()),
@@ -377,13 +383,14 @@ class FetchStatements(StoreBase):
             params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
             driver = connection.connection.driver_connection
             rows: list[Any] = _rows_of_generic_plan(driver, driver_sql(statement), params)
-        else:
+        else:  # the same page: whole batches, oldest first, until the limit
+            found = [connection.execute(statement, {"hint": hint, "horizon": horizon, "per_hint": per_hint}).all()
+                     for hint in hints]
             rows = []
-            for hint in hints:
-                take = min(per_hint, limit - len(rows))
-                if take <= 0:
+            for batch in sorted(filter(None, found), key=lambda batch: batch[0][0]):
+                rows += batch[: limit - len(rows)]
+                if len(rows) >= limit:
                     break
-                rows += connection.execute(statement, {"hint": hint, "horizon": horizon, "per_hint": take}).all()
         messages: list[Message] = []
         unreadable: list[Unreadable] = []
         in_flight: list[int] = []

@@ -528,14 +528,19 @@ class Engine:
         left_out = full and bool(set(chosen) - taken)  # no room for them
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
-            # Cut by the budget: the next fetch goes on after the last hint taken (every hint gets its turn); a
-            # full page took the batches in the candidates' order, so the hints it had no room for come next.
-            # Not cut: every fresh hint was seen, so the next fetch starts over, one statement, no wrap round.
-            if len(candidates.fresh) >= budget:
-                last = next((hint for hint in reversed(candidates.fresh) if hint in taken), None) if full else None
-                state.cursor = candidates.fresh[-1] if last is None else last
-            else:
+            # Cut by the budget: the next fetch goes on after the last candidate (every hint gets its turn), or,
+            # when the page was full, at the first candidate it had no room for (the hints it took are busy
+            # then, so the next fetch passes them over). Not cut: every fresh hint was seen, so the next fetch
+            # starts over, one statement, no wrap round.
+            if len(candidates.fresh) < budget:
                 state.cursor = ""
+            else:
+                wanted = set(chosen) - taken if full else set()
+                first = next((i for i, hint in enumerate(candidates.fresh) if hint in wanted), None)
+                if first is None:
+                    state.cursor = candidates.fresh[-1]
+                elif first > 0:
+                    state.cursor = candidates.fresh[first - 1]
             for work in works:
                 self._busy[work.hint] = work
             self._tally["_fetched"] += fetched
