@@ -539,7 +539,7 @@ class Engine:
                 first = next((i for i, hint in enumerate(candidates.fresh) if hint in wanted), None)
                 if first is None:
                     state.cursor = candidates.fresh[-1]
-                elif first > 0:
+                elif first > 0:  # (at the first, the cursor stays where this fetch began)
                     state.cursor = candidates.fresh[first - 1]
             for work in works:
                 self._busy[work.hint] = work
