@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.unit.factories import T0, message, seconds
 from worker.config import Mode
 from worker.message import MessageState
-from worker.policy.batching import MAX_RUN, RUN_SECONDS, cut_batch, eligible, run_length
+from worker.policy.batching import MAX_RUN, RUN_SECONDS, cut_batch, eligible, next_cursor, run_length
 
 
 def ids(messages: list) -> list[int]:  # type: ignore[type-arg]
@@ -71,3 +71,18 @@ def test_a_run_lasts_at_most_run_seconds_and_takes_what_the_hint_has() -> None:
     assert run_length(0.000001, 0.002, 50) == 50
     assert run_length(0.0, 0.002, 5000) == MAX_RUN
     assert run_length(0.0001, 0.002, 1) == 1
+
+
+def test_the_round_robin_starts_over_when_the_budget_saw_every_fresh_hint() -> None:
+    assert next_cursor("c", ("d", "e"), 4, set()) == ""
+    assert next_cursor("c", ("d", "e"), 4, {"e"}) == ""
+
+
+def test_cut_by_the_budget_the_round_robin_goes_on_after_the_last_candidate() -> None:
+    assert next_cursor("c", ("d", "e", "a", "b"), 4, set()) == "b"  # wrapped round: after the last one read
+
+
+def test_a_full_page_has_the_next_fetch_begin_at_the_first_hint_it_had_no_room_for() -> None:
+    assert next_cursor("c", ("d", "e", "f", "g"), 4, {"f", "g"}) == "e"
+    assert next_cursor("c", ("d", "e", "f", "g"), 4, {"g", "e"}) == "d"  # the first in round-robin order
+    assert next_cursor("c", ("d", "e", "f", "g"), 4, {"d"}) == "c"  # the first candidate: where it began

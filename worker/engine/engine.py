@@ -54,7 +54,7 @@ from worker.db.store import Store
 from worker.engine.committer import Committer
 from worker.engine.lanes import DatabaseClock, HintWork, Lanes
 from worker.message import Message
-from worker.policy.batching import cut_batch
+from worker.policy.batching import cut_batch, next_cursor
 from worker.policy.horizon import Horizon, Pin, PinClock, horizon
 from worker.policy.outcomes import LostCallOutcome, settle_lost_call
 from worker.service.metrics import Metrics
@@ -524,23 +524,12 @@ class Engine:
         short = batches.cut if batches.cut is not None else None if full else frozenset()
         works = self._works(now, state, batches.messages, batches.in_flight, paused_names, short)
         got = {work.hint for work in works}
-        taken = {message.hint for message in batches.messages}
-        left_out = full and bool(set(chosen) - taken)  # no room for them
+        # Chosen hints the full page had no room for.
+        no_room = set(chosen) - {message.hint for message in batches.messages} if full else set()
+        left_out = bool(no_room)
         held = bool(reading) and reading[0].held and len(got) < len(chosen)
         with self._cond:
-            # Cut by the budget: the next fetch goes on after the last candidate (every hint gets its turn), or,
-            # when the page was full, at the first candidate it had no room for (the hints it took are busy
-            # then, so the next fetch passes them over). Not cut: every fresh hint was seen, so the next fetch
-            # starts over, one statement, no wrap round.
-            if len(candidates.fresh) < budget:
-                state.cursor = ""
-            else:
-                wanted = set(chosen) - taken if full else set()
-                first = next((i for i, hint in enumerate(candidates.fresh) if hint in wanted), None)
-                if first is None:
-                    state.cursor = candidates.fresh[-1]
-                elif first > 0:  # (at the first, the cursor stays where this fetch began)
-                    state.cursor = candidates.fresh[first - 1]
+            state.cursor = next_cursor(state.cursor, candidates.fresh, budget, no_room)
             for work in works:
                 self._busy[work.hint] = work
             self._tally["_fetched"] += fetched

@@ -87,3 +87,19 @@ def run_length(call_seconds: float | None, mark_seconds: float, remaining: int) 
     wanted = math.ceil(mark_seconds / (MARK_SHARE * call))
     longest = int(RUN_SECONDS / call)
     return max(1, min(wanted, longest, remaining, MAX_RUN))
+
+
+def next_cursor(cursor: str, fresh: Sequence[str], budget: int, no_room: Collection[str]) -> str:
+    """Where a slot's round robin over its hints goes on after a fetch that began after ``cursor`` and found the
+    ``fresh`` candidate hints (in round-robin order), of which the full page had ``no_room`` for some.
+
+    Not cut by the budget: every fresh hint was seen, so the next fetch starts over (one statement, no wrap
+    round). Cut by it: after the last candidate (every hint gets its turn), or, when the page left some out, at
+    the first of those (the hints it took are busy then, and the next fetch passes them over).
+    """
+    if len(fresh) < budget:
+        return ""
+    first = next((index for index, hint in enumerate(fresh) if hint in no_room), None)
+    if first is None:
+        return fresh[-1]
+    return fresh[first - 1] if first > 0 else cursor
