@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drain import LOCAL_SERVER, URL_ENV, bench_database
 
 from worker.config import DatabaseSettings, Mode
-from worker.db.fetch import Candidates, HorizonReading, _batches_statement
+from worker.db.fetch import _batches_statement
 from worker.db.store import Store, build_engine, normalise_url
 
 SHAPES = {
@@ -59,13 +59,6 @@ def slot_of(store: Store, hint: str) -> int:
 def fetch_times(store: Store, slot: int, fetches: int, generic: bool) -> float:
     """Median seconds of a slot's fetch (nothing taken: the same rows every time)."""
 
-    def choose(candidates: Candidates) -> list[str]:
-        return list(dict.fromkeys(candidates.due + candidates.fresh))
-
-    def horizon(read: Any) -> int:
-        reading: HorizonReading | None = read()
-        return 2**62 if reading is None else reading.last_id
-
     if generic:
         with store.engine.connect() as connection:
             connection.execute(text("ALTER DATABASE " + str(store.engine.url.database) + " SET plan_cache_mode = "
@@ -76,8 +69,7 @@ def fetch_times(store: Store, slot: int, fetches: int, generic: bool) -> float:
         times = []
         for _ in range(fetches):
             started = time.perf_counter()
-            store.messages_fetch_slot(slot, "", 100, choose=choose, horizon=horizon, per_hint=100, limit=100,
-                                      mode=Mode.FAIL_FIRST)
+            store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=100, mode=Mode.FAIL_FIRST)
             times.append(time.perf_counter() - started)
         return statistics.median(times)
     finally:

@@ -395,13 +395,10 @@ def test_a_batch_ending_while_its_slot_is_fetched_has_the_next_batch_fetched_at_
     ids = [send(store, "long") for _ in range(30)]
     fetch = store.messages_fetch_slot
 
-    def slow_fetch(*args: Any, choose: Callable[..., Any], **kwargs: Any) -> Any:
-        def choose_then_wait(candidates: Any) -> Any:
-            chosen = choose(candidates)
-            time.sleep(0.05)  # the busy hint's batch ends meanwhile
-            return chosen
-
-        return fetch(*args, choose=choose_then_wait, **kwargs)
+    def slow_fetch(*args: Any, **kwargs: Any) -> Any:
+        fetched = fetch(*args, **kwargs)
+        time.sleep(0.05)  # the busy hint's batch ends meanwhile
+        return fetched
 
     store.messages_fetch_slot = slow_fetch  # type: ignore[method-assign]
     calls = Calls()

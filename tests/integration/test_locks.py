@@ -256,8 +256,7 @@ def test_the_fetchs_statements_on_a_connection_that_lost_its_server_fail_as_unav
 
     def fetch() -> int:
         _, fetched = store.messages_fetch_slot(
-            slot, "", 10, choose=lambda c: list(c.fresh), horizon=lambda read: 2**62, per_hint=10, limit=10,
-            mode=Mode.FAIL_FIRST,
+            slot, "", 10, per_hint=10, limit=10, mode=Mode.FAIL_FIRST,
         )
         return len(fetched.messages)
 

@@ -103,6 +103,86 @@ def test_a_full_page_takes_whole_batches_oldest_first(any_store: Store) -> None:
         assert fetched.cut == {"b"}
 
 
+def _hints_of_one_slot(store: Store, count: int) -> tuple[int, list[str]]:
+    """``count`` hints that share a slot, in hint order, and that slot."""
+    by_slot: dict[int, list[str]] = {}
+    for number in range(10_000):
+        hint = f"h{number:04d}"
+        same = by_slot.setdefault(_slot(store, hint), [])
+        same.append(hint)
+        if len(same) == count:
+            return _slot(store, hint), same
+    raise AssertionError("no slot with enough hints")
+
+
+def test_a_slots_fetch_wraps_round_its_cursor_and_passes_over_the_hints_it_is_told_to_skip(any_store: Store) -> None:
+    slot, hints = _hints_of_one_slot(any_store, 7)
+    ids = {hint: add(any_store, hint) for hint in reversed(hints)}  # ids against hint order
+    skipped = hints[4]
+
+    def fetch_from(after: str, budget: int) -> tuple[list[str], list[int]]:
+        candidates, fetched = any_store.messages_fetch_slot(
+            slot, after, budget, per_hint=10, limit=100, mode=Mode.FAIL_FIRST, skip=[skipped]
+        )
+        return list(candidates.fresh), [message.id for message in fetched.messages]
+
+    fresh, fetched = fetch_from(hints[2], 100)
+    assert fresh == [hints[3], *hints[5:], *hints[:3]]  # after the cursor, then round from the start to it
+    assert fetched == sorted(ids[hint] for hint in hints if hint != skipped)
+    fresh, fetched = fetch_from(hints[2], 2)
+    assert fresh == [hints[3], hints[5]]  # the budget is for hints it may take
+    assert fetched == sorted([ids[hints[3]], ids[hints[5]]])
+    assert fetch_from("", 3)[0] == hints[:3]
+
+
+def test_a_slots_fetch_is_one_round_trip(store: Store, tmp_path: Any) -> None:
+    """The candidates, the horizon and the batches below it: one exchange with the server (one Sync)."""
+    import psycopg.pq
+
+    slot, hints = _hints_of_one_slot(store, 3)
+    for hint in hints:
+        add(store, hint)
+    trace = tmp_path / "trace"
+    pooled = store.engine.raw_connection()  # the pool hands this connection out next (it was used last)
+    driver: Any = pooled.driver_connection
+    with trace.open("w") as sink:
+        driver.pgconn.trace(sink.fileno())
+        driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        pooled.close()
+        _, fetched = store.messages_fetch_slot(slot, "", 10, per_hint=10, limit=100, mode=Mode.FAIL_FIRST)
+        driver.pgconn.untrace()
+    assert len(fetched.messages) == 3
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    assert [line[2] for line in sent if line[0] == "F" and line[2] == "Sync"] == ["Sync"]
+
+
+def test_a_slots_fetch_reads_below_the_horizon_less_the_producers_it_is_told_to_pass_over(
+    store: Store, pg_url: str
+) -> None:
+    import psycopg
+
+    slot, (early, late) = _hints_of_one_slot(store, 2)
+    with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql")) as producer:
+        producer.execute(
+            "INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', %s)", (early,)
+        )  # open: its pin holds back every id above it
+        committed = add(store, late)
+
+        def fetch(passed_over: list[tuple[int, str]]) -> tuple[Any, list[int]]:
+            candidates, fetched = store.messages_fetch_slot(
+                slot, "", 10, per_hint=10, limit=100, mode=Mode.FAIL_FIRST, passed_over=passed_over
+            )
+            return candidates, [message.id for message in fetched.messages]
+
+        candidates, fetched = fetch([])
+        assert candidates.fresh == (late,) and fetched == []
+        reading = candidates.horizon
+        assert reading is not None and len(reading.pins) == 1 and reading.pins[0][0] < committed
+        (after, holder), = reading.pins
+        assert fetch([(after + 1, holder), (after, "9/9")])[1] == []  # other pins: still held back
+        assert fetch(list(reading.pins))[1] == [committed]
+
+
 def test_waiting_message_holds_back_its_group(any_store: Store) -> None:
     waiting = add(any_store, "a", attempt=1, next_attempt_at=60)
     add(any_store, "a")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from worker.policy.horizon import Pin, PinClock, horizon
+from worker.policy.horizon import Pin, PinClock, horizon, overdue
 
 
 def test_with_no_open_producer_every_id_handed_out_may_be_correlated() -> None:
@@ -40,3 +40,16 @@ def test_a_pin_that_ended_is_forgotten_and_a_new_one_waits_its_full_bound() -> N
     horizon(100, [], clock, now=1.0, max_wait=5.0)
     assert clock.first_seen == {}
     assert horizon(100, [pin], clock, now=10.0, max_wait=5.0).id == 10  # seen anew at 10
+
+
+def test_the_pins_a_reading_now_would_pass_over_are_those_seen_longer_than_the_bound() -> None:
+    """A statement that works out the horizon itself leaves out exactly the pins the reading would pass over."""
+    clock = PinClock()
+    old, young = Pin(10, "3/7"), Pin(50, "4/2")
+    horizon(100, [old], clock, now=0.0, max_wait=5.0)
+    horizon(100, [old, young], clock, now=3.0, max_wait=5.0)
+    assert overdue(clock, now=5.0, max_wait=5.0) == []  # not longer than the bound yet
+    assert overdue(clock, now=6.0, max_wait=5.0) == [old]
+    honoured = [pin for pin in (old, young) if pin not in overdue(clock, now=6.0, max_wait=5.0)]
+    assert horizon(100, [old, young], clock, now=6.0, max_wait=5.0).id == min(pin.after for pin in honoured)
+    assert sorted(overdue(clock, now=9.0, max_wait=5.0), key=lambda pin: pin.after) == [old, young]

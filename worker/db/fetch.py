@@ -17,6 +17,7 @@ decode, say) comes back as an :class:`Unreadable` so that the engine dead-letter
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -154,6 +155,74 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
     ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
 
 
+# PostgreSQL: the hints a slot's fetch takes and the commit-order horizon its batches are read below, handed from
+# the candidates' statement to the batches' statement inside their transaction (see _slot_fetch_sql).
+_PAGE_HINTS = "correlation.page_hints"
+_PAGE_HORIZON = "correlation.page_horizon"
+
+
+def _slot_fetch_sql() -> TextClause:
+    """PostgreSQL: a slot's candidates as in :func:`_candidates_sql`, both rounds of the cursor in one statement
+    (the hints from the start up to the cursor are probed only when those after it fall short of the budget),
+    with the clock and the commit-order horizon: its reading, and the id it allows, leaving out the pins in
+    ``:passed`` (``after/holder``: producer transactions open longer than ``order.max_wait``). The hints to take
+    (due and fresh, none of ``:skip``) and that id are set for the transaction, where the batches' statement
+    that follows finds them (:func:`_page_sql`): the fetch is one round trip, and the batches are still read
+    from a snapshot taken after the horizon's reading."""
+    slot = "m.slot = ANY(ARRAY[CAST(:slot AS smallint)])"  # see _candidates_sql: the slot's own index
+    fresh = f"{slot} AND m.state = 'ready' AND m.next_attempt_at IS NULL"
+    kept = "<> ALL(CAST(:skip AS text[]))"
+
+    def probe(after: str, bound: str) -> str:
+        return f"""(SELECT m.correlation_hint FROM correlation_message m
+                     WHERE {fresh} AND m.correlation_hint > {after} {bound}
+                     ORDER BY m.slot, m.correlation_hint LIMIT 1)"""
+
+    wrap = "AND m.correlation_hint <= :after"
+    nothing = "CAST(NULL AS timestamptz), CAST(NULL AS bigint), CAST(NULL AS bigint[]), CAST(NULL AS text[])"
+    return text(
+        f"""
+        WITH RECURSIVE after_cursor(hint) AS (
+            SELECT {probe(":after", "")}
+            UNION ALL
+            SELECT {probe("a.hint", "")} FROM after_cursor a WHERE a.hint IS NOT NULL
+        ), up_to_cursor(hint) AS (
+            SELECT {probe("''", wrap)} WHERE :after <> ''
+            UNION ALL
+            SELECT {probe("u.hint", wrap)} FROM up_to_cursor u WHERE u.hint IS NOT NULL
+        ), f AS MATERIALIZED (
+            SELECT hint FROM (SELECT hint FROM after_cursor WHERE hint IS NOT NULL AND hint {kept}
+                              UNION ALL
+                              SELECT hint FROM up_to_cursor WHERE hint IS NOT NULL AND hint {kept}) AS r
+             LIMIT :budget
+        ), d AS MATERIALIZED (
+            SELECT m.correlation_hint AS hint FROM correlation_message m
+             WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NOT NULL
+               AND m.next_attempt_at <= now() AND m.correlation_hint {kept}
+             ORDER BY m.next_attempt_at LIMIT :budget
+        ), h AS MATERIALIZED (
+            SELECT o.last_id, o.pin_ids, o.pin_holders,
+                   LEAST(o.last_id, (SELECT min(p.after) FROM unnest(o.pin_ids, o.pin_holders) AS p(after, holder)
+                                      WHERE p.after::text || '/' || p.holder <> ALL(CAST(:passed AS text[]))))
+                     AS horizon
+              FROM correlation_order_horizon() AS o
+        )
+        SELECT 'f' AS kind, hint, {nothing} FROM f
+        UNION ALL
+        SELECT 'd', hint, {nothing} FROM d
+        UNION ALL
+        SELECT 'n', NULL, (SELECT min(m.next_attempt_at) FROM correlation_message m
+                            WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at > now()),
+               CAST(NULL AS bigint), CAST(NULL AS bigint[]), CAST(NULL AS text[])
+        UNION ALL
+        SELECT 't', NULL, now(), h.last_id, h.pin_ids, h.pin_holders FROM h
+         WHERE set_config('{_PAGE_HINTS}', CAST(ARRAY(SELECT hint FROM d UNION SELECT hint FROM f) AS text), true)
+                 IS NOT NULL
+           AND set_config('{_PAGE_HORIZON}', CAST(h.horizon AS text), true) IS NOT NULL
+        """
+    ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
+
+
 _HINT = 3  # the hint's column in ENGINE_COLUMNS
 
 # Whether a call of the message is in flight (a primary-key probe of the small correlation_call table).
@@ -215,6 +284,16 @@ def _batches_statement(dialect: str, mode: Mode) -> TextClause:
     return text(_batch_sql(dialect, mode, ":hint")).bindparams(
         bindparam("horizon", type_=BigInteger()), bindparam("per_hint", type_=Integer())
     )
+
+
+@functools.cache
+def _page_sql(mode: Mode) -> str:
+    """PostgreSQL: the batches' statement reading its hints and horizon from what :func:`_slot_fetch_sql` set for
+    the transaction (driver placeholders)."""
+    sql = driver_sql(_statement("postgresql", "batches", mode, lambda: _batches_statement("postgresql", mode)))
+    return sql.replace(
+        "CAST(%(hints)s AS text[])", f"CAST(current_setting('{_PAGE_HINTS}', true) AS text[])"
+    ).replace("%(horizon)s", f"CAST(current_setting('{_PAGE_HORIZON}', true) AS bigint)")
 
 
 _STATEMENTS: dict[tuple[str, str, object], TextClause] = {}
@@ -298,41 +377,64 @@ class FetchStatements(StoreBase):
         after: str,
         budget: int,
         *,
-        choose: Callable[[Candidates], Sequence[str]],
-        horizon: Callable[[Callable[[], HorizonReading | None]], int],
         per_hint: int,
         limit: int,
         mode: Mode,
         skip: Sequence[str] = (),
+        passed_over: Sequence[tuple[int, str]] = (),
     ) -> tuple[Candidates, Fetched]:
-        """A slot's fetch: its candidate hints, the hints ``choose`` takes of them, then the commit-order horizon
-        (``horizon`` decides, reading it through the function it is given when it needs a fresh reading) and
-        those hints' batches below it. ``skip``: hints this replica is busy with (not candidates).
+        """A slot's fetch: its candidate hints (up to ``budget`` fresh ones after ``after``, wrapping round, and up
+        to ``budget`` due ones; none of ``skip``, the hints this replica will not take now), and those hints'
+        batches below the commit-order horizon, whole, oldest first, ``per_hint`` and ``limit`` at most.
 
-        The batches must be read from a snapshot taken after ``choose`` ran (which looks at what this replica
-        is still busy with) and after the horizon was read: on PostgreSQL each statement runs on its own (the
-        candidates' statement reads the horizon too); SQLite keeps one snapshot per transaction, so the
-        batches get a second one.
+        The horizon leaves out the producer transactions in ``passed_over`` (``(after, holder)`` pins open longer
+        than ``order.max_wait``); the candidates carry its reading. The batches are read from a snapshot taken
+        after it: on PostgreSQL the two statements go in one round trip, a transaction in which each takes its
+        own snapshot; SQLite keeps one snapshot per transaction, so the batches get a second one (and need no
+        horizon: one writer at a time, so ids commit in order).
         """
-
-        def batches(connection: Connection, candidates: Candidates, hints: Sequence[str]) -> Fetched:
-            if not hints:
-                return Fetched((), (), candidates.now)
-            limit_id = horizon(lambda: candidates.horizon)
-            return self._batches(connection, hints, limit_id, per_hint, limit, mode, candidates.now)
-
         if self.dialect == "sqlite":
             candidates = self._run(lambda c: self._candidates(c, slot, after, budget, skip))
-            hints = choose(candidates)
-            return candidates, self._run(lambda c: batches(c, candidates, hints))
+            hints = list(dict.fromkeys(candidates.due + candidates.fresh))
+            fetched = self._run(lambda c: self._batches(c, hints, 2**62, per_hint, limit, mode, candidates.now))
+            return candidates, fetched
+        params = {
+            "slot": slot, "after": after, "budget": budget, "skip": text_array(skip),
+            "passed": text_array(f"{pin}/{holder}" for pin, holder in passed_over),
+            "per_hint": per_hint, "limit": limit,
+        }
+        return self._statements(lambda c: self._fetch_pg(c.connection.driver_connection, params, mode))
 
-        # Two statements, each its own transaction (no BEGIN, no COMMIT): the candidates with the horizon's
-        # reading, then the batches from a snapshot taken after it.
-        def work(connection: Connection) -> tuple[Candidates, Fetched]:
-            candidates = self._candidates(connection, slot, after, budget, skip)
-            return candidates, batches(connection, candidates, choose(candidates))
-
-        return self._statements(work)
+    def _fetch_pg(self, driver: Any, params: dict[str, Any], mode: Mode) -> tuple[Candidates, Fetched]:
+        statement = _statement(self.dialect, "slot_fetch", None, _slot_fetch_sql)
+        clock, page = driver.cursor(), driver.cursor(binary=True)
+        with clock, page:
+            if _PIPELINE and driver.autocommit:
+                try:
+                    with driver.pipeline():
+                        driver.execute("BEGIN")
+                        clock.execute(driver_sql(statement), params)
+                        driver.execute(_GENERIC_PLAN)
+                        page.execute(_page_sql(mode), params)
+                        driver.execute("COMMIT")
+                except Exception:
+                    if driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        driver.rollback()
+                    raise
+            else:  # a libpq without pipelines: the same statements, a round trip each
+                with driver.transaction():
+                    clock.execute(driver_sql(statement), params)
+                    driver.execute(_GENERIC_PLAN)
+                    page.execute(_page_sql(mode), params)
+            rows = clock.fetchall()
+            candidates = Candidates(
+                fresh=tuple(row[1] for row in rows if row[0] == "f"),
+                due=tuple(dict.fromkeys(row[1] for row in rows if row[0] == "d")),
+                next_due=next(row[2] for row in rows if row[0] == "n"),
+                now=next(row[2] for row in rows if row[0] == "t"),
+                horizon=next(_horizon_reading(*row[3:]) for row in rows if row[0] == "t"),
+            )
+            return candidates, _fetched(page.fetchall(), sqlite=False, now=candidates.now)
 
     def _candidates(
         self, connection: Connection, slot: int, after: str, budget: int, skip: Sequence[str] = ()
@@ -391,27 +493,7 @@ class FetchStatements(StoreBase):
                 rows += batch[: limit - len(rows)]
                 if len(rows) >= limit:
                     break
-        messages: list[Message] = []
-        unreadable: list[Unreadable] = []
-        in_flight: list[int] = []
-        batches: dict[str, int] = {}
-        for row in rows:
-            if row[-1]:
-                in_flight.append(int(row[0]))
-            if sqlite:
-                decoded = decode_row(row[:-1], sqlite)
-            else:
-                decoded = decode_row(row[:-2], sqlite)
-                batches[row[_HINT]] = int(row[-2])
-            if isinstance(decoded, Message):
-                messages.append(decoded)
-            else:
-                unreadable.append(decoded)
-        cut = None
-        if not sqlite:
-            got = Counter(row[_HINT] for row in rows)
-            cut = frozenset(hint for hint, batch in batches.items() if got[hint] < batch)
-        return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight), cut)
+        return _fetched(rows, sqlite=sqlite, now=now)
 
     def messages_dead_letter(self, reasons: dict[int, str]) -> int:
         """Make these messages dead with a reason each (rows the worker cannot read or record)."""
@@ -452,6 +534,32 @@ class FetchStatements(StoreBase):
                 if oldest is None or message.created_at < oldest:
                     oldest = message.created_at
         return oldest
+
+
+def _fetched(rows: Sequence[Any], *, sqlite: bool, now: datetime) -> Fetched:
+    """The batches' rows as messages (and rows that could not be read), which are in flight, which hints the
+    page's limit cut short (PostgreSQL: each row says how long its hint's batch is)."""
+    messages: list[Message] = []
+    unreadable: list[Unreadable] = []
+    in_flight: list[int] = []
+    batches: dict[str, int] = {}
+    for row in rows:
+        if row[-1]:
+            in_flight.append(int(row[0]))
+        if sqlite:
+            decoded = decode_row(row[:-1], sqlite)
+        else:
+            decoded = decode_row(row[:-2], sqlite)
+            batches[row[_HINT]] = int(row[-2])
+        if isinstance(decoded, Message):
+            messages.append(decoded)
+        else:
+            unreadable.append(decoded)
+    cut = None
+    if not sqlite:
+        got = Counter(row[_HINT] for row in rows)
+        cut = frozenset(hint for hint, batch in batches.items() if got[hint] < batch)
+    return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight), cut)
 
 
 def _horizon_reading(last_id: int, pin_ids: Sequence[int] | None, pin_holders: Sequence[str] | None) -> HorizonReading:

@@ -55,7 +55,7 @@ from worker.engine.committer import Committer
 from worker.engine.lanes import DatabaseClock, HintWork, Lanes
 from worker.message import Message
 from worker.policy.batching import cut_batch, next_cursor
-from worker.policy.horizon import Horizon, Pin, PinClock, horizon
+from worker.policy.horizon import Horizon, Pin, PinClock, horizon, overdue
 from worker.policy.outcomes import LostCallOutcome, settle_lost_call
 from worker.service.metrics import Metrics
 from worker.service.tracing import Tracing
@@ -204,7 +204,7 @@ class Engine:
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._busy: dict[str, HintWork] = {}
-        self._resting: dict[str, float] = {}
+        self._resting: dict[str, tuple[float, int]] = {}  # hint: (until, its slot)
         self._tally: Counter[str] = Counter()
         self._pins = PinClock()
         self._horizon_lock = threading.Lock()  # the pin clock, shared by the fetchers
@@ -486,35 +486,23 @@ class Engine:
                 state.fetched(now + self.interval)
                 state.last_progress = now
             return
-        paused_hints = {pause.target for pause in pauses if pause.scope == "hint"}
+        paused_hints = [pause.target for pause in pauses if pause.scope == "hint"]
         paused_names = {pause.target: pause.id for pause in pauses if pause.scope == "name"}
         budget = max(1, self.high_water - self.lanes.waiting())
-        chosen: list[str] = []
-        reading: list[Horizon] = []
-
-        def choose(candidates: Candidates) -> list[str]:
-            with self._cond:
-                self._prune_rests(now)
-                chosen.extend(
-                    hint
-                    for hint in dict.fromkeys(candidates.due + candidates.fresh)
-                    if hint not in self._busy and hint not in self._resting and hint not in paused_hints
-                )
-            return chosen
-
-        def horizon_id(read: Callable[[], HorizonReading | None]) -> int:
-            result = self._horizon_now(now, read)
-            if result is None:
-                return 2**62
-            reading.append(result)
-            return result.id
-
         with self._cond:
-            busy = [work.hint for work in self._busy.values() if work.slot == state.slot]
+            self._prune_rests(now)
+            # Not candidates: hints busy here, resting after a batch of batch_size, or paused.
+            skip = [work.hint for work in self._busy.values() if work.slot == state.slot]
+            skip += [hint for hint, (_, slot) in self._resting.items() if slot == state.slot]
+        skip += paused_hints
+        with self._horizon_lock:
+            passed_over = overdue(self._pins, now, self.settings.order.max_wait.total_seconds())
         candidates, batches = self.store.messages_fetch_slot(
-            state.slot, state.cursor, budget, choose=choose, horizon=horizon_id, per_hint=self.per_hint,
-            limit=self.page_size, mode=self.settings.policy.mode, skip=busy,
+            state.slot, state.cursor, budget, per_hint=self.per_hint, limit=self.page_size,
+            mode=self.settings.policy.mode, skip=skip, passed_over=[(pin.after, pin.holder) for pin in passed_over],
         )
+        chosen = list(dict.fromkeys(candidates.due + candidates.fresh))
+        reading = self._horizon_now(now, candidates.horizon)
         self.clock.observe(candidates.now)
         if batches.unreadable:
             self._dead_letter(batches.unreadable)
@@ -527,7 +515,7 @@ class Engine:
         # Chosen hints the full page had no room for.
         no_room = set(chosen) - {message.hint for message in batches.messages} if full else set()
         left_out = bool(no_room)
-        held = bool(reading) and reading[0].held and len(got) < len(chosen)
+        held = reading is not None and reading.held and len(got) < len(chosen)
         with self._cond:
             state.cursor = next_cursor(state.cursor, candidates.fresh, budget, no_room)
             for work in works:
@@ -590,12 +578,13 @@ class Engine:
         return wanted
 
     def _prune_rests(self, now: float) -> None:
-        for hint in [hint for hint, until in self._resting.items() if until <= now]:
+        for hint in [hint for hint, (until, _) in self._resting.items() if until <= now]:
             del self._resting[hint]
 
-    def _horizon_now(self, now: float, read: Callable[[], HorizonReading | None]) -> Horizon | None:
-        """The commit-order horizon from the fetch's own reading (the pin clock is shared by the fetchers)."""
-        reading = read()
+    def _horizon_now(self, now: float, reading: HorizonReading | None) -> Horizon | None:
+        """The commit-order horizon from the fetch's own reading (the pin clock is shared by the fetchers): the
+        statement worked it out itself, leaving out the pins that were overdue; this counts what was passed over
+        and notes the pins first seen."""
         if reading is None:
             return None
         pins = [Pin(after, holder) for after, holder in reading.pins]
@@ -648,7 +637,7 @@ class Engine:
             if state is None:
                 pass
             elif resting:  # N per poll: the hint rests until the next one
-                self._resting[work.hint] = now + self.interval
+                self._resting[work.hint] = (now + self.interval, work.slot)
                 state.want(now + self.interval)
             elif work.again or (work.cut and not work.stopped) or state.notified_at >= work.fetched_at:
                 state.want(now)  # more of it, or messages arrived in its slot while it was busy (and passed over)

@@ -71,3 +71,9 @@ def horizon(last_id: int, pins: Sequence[Pin], clock: PinClock, now: float, max_
         left = max_wait - waited
         wait_left = left if wait_left is None else min(wait_left, left)
     return Horizon(limit, limit < last_id, newly_passed, wait_left)
+
+
+def overdue(clock: PinClock, now: float, max_wait: float) -> list[Pin]:
+    """The pins seen for longer than ``max_wait``: a reading taken now passes them over (see :func:`horizon`),
+    so a statement that works out the horizon itself is told to leave them out."""
+    return [pin for pin, seen in clock.first_seen.items() if now - seen > max_wait]
