@@ -28,6 +28,8 @@ def _slot(store: Store, hint: str) -> int:
 
 def add(store: Store, hint: str = "h", name: str = "order.paid", **columns: Any) -> int:
     columns.pop("slot_hint", None)
+    if "created_at_offset" in columns:  # created that many seconds from now
+        columns["created_at"] = columns.pop("created_at_offset")
     row_id = store.messages_insert(NewMessage(name=name, hint=hint, payload=columns.pop("payload", {})))
     assert row_id is not None
     if columns:
@@ -152,6 +154,11 @@ def test_a_slots_fetch_is_one_round_trip(store: Store, tmp_path: Any) -> None:
         _, fetched = store.messages_fetch_slot(slot, "", 10, per_hint=10, limit=100, mode=Mode.FAIL_FIRST)
         driver.pgconn.untrace()
     assert len(fetched.messages) == 3
+    # What the statements set was for their transaction alone.
+    settings = driver.execute("SELECT current_setting('plan_cache_mode'), "
+                              "current_setting('correlation.page_hints', true)").fetchone()
+    driver.rollback()
+    assert settings[0] == "auto" and not settings[1]
     sent = [line.split("\t") for line in trace.read_text().splitlines()]
     assert [line[2] for line in sent if line[0] == "F" and line[2] == "Sync"] == ["Sync"]
 
@@ -373,6 +380,24 @@ def test_counts_by_state_and_oldest_eligible_age(any_store: Store) -> None:
     counts = any_store.messages_count_by_state(oldest)
     assert (counts.ready, counts.waiting, counts.paused, counts.dead, counts.expired) == (1, 1, 1, 1, 1)
     assert counts.oldest_eligible_age is not None and counts.oldest_eligible_age >= timedelta(0)
+
+
+def test_the_oldest_eligible_message_is_the_oldest_the_engine_would_fetch(any_store: Store) -> None:
+    """Over every slot, in whatever state each hint's messages are: the oldest message the engine's fetch would
+    take now (its candidates and batches, slot by slot)."""
+    rng = random.Random(7)
+    shapes: list[dict[str, Any]] = [
+        {}, {}, {"attempt": 1, "next_attempt_at": 60}, {"attempt": 1, "next_attempt_at": -5}, {"state": "paused"},
+        {"state": "dead"}, {"expires_at": -1},
+    ]
+    for number in range(200):
+        add(any_store, f"h{rng.randrange(60)}", created_at_offset=-1000 + number, **rng.choice(shapes))
+    for mode in (Mode.FAIL_FIRST, Mode.ALL):
+        fetched = [m for slot in range(any_store.slot_count) for m in fetch_slot(any_store, slot, mode)]
+        expected = min(m.created_at for m in fetched)
+        assert any_store.messages_oldest_eligible(range(any_store.slot_count), mode) == expected
+        assert any_store.console_oldest_eligible(mode, 50) == expected
+    assert any_store.messages_oldest_eligible([], Mode.FAIL_FIRST) is None
 
 
 def test_expired_messages_are_deleted_in_bounded_chunks(any_store: Store) -> None:

@@ -357,21 +357,8 @@ class ConsoleStatements(MessageStatements, FetchStatements):
 
     def console_oldest_eligible(self, mode: Mode, budget: int) -> datetime | None:
         """The created_at of the oldest message that could be correlated now, looking at up to ``budget``
-        candidate hints per slot (beyond that a lower bound of the age): the engine's own candidate and batch
-        statements, in one transaction, with one batch statement for every slot's hints."""
-
-        def work(connection: Connection) -> datetime | None:
-            limit = self._horizon(connection).last_id if self.dialect == "postgresql" else 2**62
-            hints: list[str] = []
-            for slot in range(self.slot_count_of_dialect()):
-                candidates = self._candidates(connection, slot, "", budget)
-                hints.extend(dict.fromkeys(candidates.fresh + candidates.due))
-            if not hints:
-                return None
-            fetched = self._batches(connection, hints, limit, 1, len(hints), mode, self._now(connection))
-            return min((message.created_at for message in fetched.messages), default=None)
-
-        return self._run(work)
+        candidate hints per slot (beyond that a lower bound of the age)."""
+        return self.messages_oldest_eligible(range(self.slot_count_of_dialect()), mode, budget)
 
     def slot_count_of_dialect(self) -> int:
         """How many slots hints are spread over on this database (64 on PostgreSQL, one on SQLite)."""

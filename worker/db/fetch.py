@@ -167,8 +167,8 @@ def _slot_fetch_sql() -> TextClause:
     with the clock and the commit-order horizon: its reading, and the id it allows, leaving out the pins in
     ``:passed`` (``after/holder``: producer transactions open longer than ``order.max_wait``). The hints to take
     (due and fresh, none of ``:skip``) and that id are set for the transaction, where the batches' statement
-    that follows finds them (:func:`_page_sql`): the fetch is one round trip, and the batches are still read
-    from a snapshot taken after the horizon's reading."""
+    that follows finds them (:func:`_page_sql`), with its generic plan (see :func:`_rows_of_generic_plan`): the
+    fetch is one round trip, and the batches are still read from a snapshot taken after the horizon's reading."""
     slot = "m.slot = ANY(ARRAY[CAST(:slot AS smallint)])"  # see _candidates_sql: the slot's own index
     fresh = f"{slot} AND m.state = 'ready' AND m.next_attempt_at IS NULL"
     kept = "<> ALL(CAST(:skip AS text[]))"
@@ -219,6 +219,7 @@ def _slot_fetch_sql() -> TextClause:
          WHERE set_config('{_PAGE_HINTS}', CAST(ARRAY(SELECT hint FROM d UNION SELECT hint FROM f) AS text), true)
                  IS NOT NULL
            AND set_config('{_PAGE_HORIZON}', CAST(h.horizon AS text), true) IS NOT NULL
+           AND set_config('plan_cache_mode', 'force_generic_plan', true) IS NOT NULL
         """
     ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
 
@@ -294,6 +295,38 @@ def _page_sql(mode: Mode) -> str:
     return sql.replace(
         "CAST(%(hints)s AS text[])", f"CAST(current_setting('{_PAGE_HINTS}', true) AS text[])"
     ).replace("%(horizon)s", f"CAST(current_setting('{_PAGE_HORIZON}', true) AS bigint)")
+
+
+def _oldest_eligible_sql(mode: Mode) -> TextClause:
+    """PostgreSQL: the created_at of the oldest message that could be correlated now over the slots in
+    ``:slots``, in one statement: each slot's candidate hints (up to ``:budget`` fresh ones, the slot's own
+    index as in :func:`_candidates_sql`, and up to ``:budget`` due ones), then each hint's first message in its
+    batch below ``:horizon``."""
+    fresh = "m.slot = ANY(ARRAY[CAST(s.slot AS smallint)]) AND m.state = 'ready' AND m.next_attempt_at IS NULL"
+    probe = f"""(SELECT m.correlation_hint FROM correlation_message m WHERE {fresh} AND m.correlation_hint > {{after}}
+                  ORDER BY m.slot, m.correlation_hint LIMIT 1)"""
+    batch = _batch_sql("postgresql", mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}",
+                                                             "m.created_at", 1)
+    return text(
+        f"""
+        SELECT min(b.created_at) FROM unnest(CAST(:slots AS int[])) AS s(slot)
+         CROSS JOIN LATERAL (
+            (WITH RECURSIVE fresh(hint) AS (
+                SELECT {probe.format(after="''")}
+                UNION ALL
+                SELECT {probe.format(after="fresh.hint")} FROM fresh WHERE fresh.hint IS NOT NULL
+             )
+             SELECT hint FROM fresh WHERE hint IS NOT NULL LIMIT :budget)
+            UNION
+            (SELECT m.correlation_hint FROM correlation_message m
+              WHERE m.slot = s.slot AND m.state = 'ready' AND m.next_attempt_at IS NOT NULL
+                AND m.next_attempt_at <= now()
+              ORDER BY m.next_attempt_at LIMIT :budget)
+         ) AS c(hint)
+         CROSS JOIN LATERAL ({batch}) AS b
+        """
+    ).bindparams(bindparam("horizon", type_=BigInteger()), bindparam("budget", type_=Integer()),
+                 bindparam("per_hint", type_=Integer()))
 
 
 _STATEMENTS: dict[tuple[str, str, object], TextClause] = {}
@@ -410,21 +443,13 @@ class FetchStatements(StoreBase):
         clock, page = driver.cursor(), driver.cursor(binary=True)
         with clock, page:
             if _PIPELINE and driver.autocommit:
-                try:
-                    with driver.pipeline():
-                        driver.execute("BEGIN")
-                        clock.execute(driver_sql(statement), params)
-                        driver.execute(_GENERIC_PLAN)
-                        page.execute(_page_sql(mode), params)
-                        driver.execute("COMMIT")
-                except Exception:
-                    if driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        driver.rollback()
-                    raise
+                # One exchange: the statements up to the pipeline's sync run as one transaction.
+                with driver.pipeline():
+                    clock.execute(driver_sql(statement), params)
+                    page.execute(_page_sql(mode), params)
             else:  # a libpq without pipelines: the same statements, a round trip each
                 with driver.transaction():
                     clock.execute(driver_sql(statement), params)
-                    driver.execute(_GENERIC_PLAN)
                     page.execute(_page_sql(mode), params)
             rows = clock.fetchall()
             candidates = Candidates(
@@ -522,18 +547,26 @@ class FetchStatements(StoreBase):
 
     def messages_oldest_eligible(self, slots: Collection[int], mode: Mode, budget: int = 50) -> datetime | None:
         """The created_at of the oldest message that could be correlated now, looking at up to ``budget``
-        hints per slot (beyond that it is a lower bound of the age)."""
-        oldest: datetime | None = None
-        horizon = self.order_horizon()
-        limit = horizon.last_id if horizon is not None else 2**62
-        for slot in slots:
-            candidates = self.messages_candidates(slot, "", budget)
-            hints = list(dict.fromkeys(candidates.fresh + candidates.due))
-            fetched = self.messages_fetch_batches(hints, horizon=limit, per_hint=1, limit=len(hints), mode=mode)
-            for message in fetched.messages:
-                if oldest is None or message.created_at < oldest:
-                    oldest = message.created_at
-        return oldest
+        hints per slot (beyond that it is a lower bound of the age): the engine's candidates and batches, in one
+        statement on PostgreSQL."""
+        if self.dialect == "postgresql":
+            horizon = self.order_horizon()
+            assert horizon is not None
+            statement = _statement(self.dialect, "oldest_eligible", mode, lambda: _oldest_eligible_sql(mode))
+            params = {"slots": "{" + ",".join(str(int(slot)) for slot in slots) + "}", "budget": budget,
+                      "horizon": horizon.last_id, "per_hint": 1}
+            oldest: datetime | None = self._run(lambda c: c.execute(statement, params).scalar_one())
+            return oldest
+
+        def work(connection: Connection) -> datetime | None:
+            hints: list[str] = []
+            for slot in slots:
+                candidates = self._candidates(connection, slot, "", budget)
+                hints.extend(dict.fromkeys(candidates.due + candidates.fresh))
+            fetched = self._batches(connection, hints, 2**62, 1, len(hints), mode, self._now(connection))
+            return min((message.created_at for message in fetched.messages), default=None)
+
+        return self._run(work)
 
 
 def _fetched(rows: Sequence[Any], *, sqlite: bool, now: datetime) -> Fetched:
