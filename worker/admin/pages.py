@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from starlette.applications import Starlette
@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.admin import audit, messages, overview, pauses, schedule_actions, schedules
@@ -31,6 +30,9 @@ from worker.admin.console import Console
 from worker.admin.errors import AdminError, BadRequest, refuse_nul
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable, MessageFilter
+
+if TYPE_CHECKING:
+    from starlette.templating import Jinja2Templates
 
 HERE = Path(__file__).resolve().parent
 FLASH_COOKIE = "cw_flash"
@@ -107,13 +109,22 @@ def pages_application(console: Console) -> Starlette:
     """The pages' routes on the console."""
     store = console.store
     auth = console.auth
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
-    env = templates.env
-    env.filters["segment"] = lambda value: quote(str(value), safe="")
-    env.filters["query"] = _query
-    env.filters["when"] = _when
-    env.filters["pretty"] = _pretty
-    env.filters["age"] = messages.duration_text
+    loaded: list[Jinja2Templates] = []
+
+    def templates() -> Jinja2Templates:
+        """The templates, loaded by the first page asked for (a replica nobody browses never loads Jinja2)."""
+        if not loaded:
+            from starlette.templating import Jinja2Templates
+
+            built = Jinja2Templates(directory=str(HERE / "templates"))
+            env = built.env
+            env.filters["segment"] = lambda value: quote(str(value), safe="")
+            env.filters["query"] = _query
+            env.filters["when"] = _when
+            env.filters["pretty"] = _pretty
+            env.filters["age"] = messages.duration_text
+            loaded.append(built)
+        return loaded[0]
 
     def ui(request: Request) -> str:
         return str(request.scope.get("root_path", "")).rstrip("/")
@@ -122,7 +133,7 @@ def pages_application(console: Console) -> Starlette:
         request: Request, name: str, session: Session | None, status: int = 200, **context: Any
     ) -> Response:
         flash = request.cookies.get(FLASH_COOKIE)
-        response = templates.TemplateResponse(
+        response = templates().TemplateResponse(
             request,
             name,
             {

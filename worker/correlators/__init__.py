@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from worker.config import ConfigError
-from worker.correlators.camunda8 import Camunda8Correlator
-from worker.correlators.http import HttpCorrelator
 from worker.correlators.log import LogCorrelator
 from worker.correlators.python import TransactionalCorrelator, load_callable
 from worker.message import Message
@@ -95,9 +93,14 @@ def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
         return LogCorrelator()
     if kind == "python":
         return _python(spec, setting)
+    # The HTTP client is imported by the routes that use it: a replica without them starts without it.
     if kind == "http":
+        from worker.correlators.http import HttpCorrelator
+
         return HttpCorrelator.from_spec(spec, setting)
     if kind == "camunda8":
+        from worker.correlators.camunda8 import Camunda8Correlator
+
         return Camunda8Correlator.from_spec(spec, setting)
     raise ConfigError(
         f"invalid setting {setting}: unknown correlator type {kind!r}; use 'log', 'module:function', "
