@@ -137,6 +137,17 @@ def test_a_slots_fetch_wraps_round_its_cursor_and_passes_over_the_hints_it_is_to
     assert fetch_from("", 3)[0] == hints[:3]
 
 
+def test_a_slots_fetch_takes_hints_whatever_characters_they_hold(any_store: Store) -> None:
+    """The hints to take travel as an array literal (set for the transaction on PostgreSQL): quoting survives."""
+    hints = ["NULL", "null", "a,b", "{x}", '"q"', "back\\slash", " sp ", "ü", "x'y", "[1:2]={3}"]
+    ids = {hint: add(any_store, hint) for hint in hints}
+    taken: dict[str, int] = {}
+    for slot in {_slot(any_store, hint) for hint in hints}:
+        _, fetched = any_store.messages_fetch_slot(slot, "", 100, per_hint=10, limit=100, mode=Mode.FAIL_FIRST)
+        taken.update((m.hint, m.id) for m in fetched.messages)
+    assert taken == ids
+
+
 def test_a_slots_fetch_is_one_round_trip(store: Store, tmp_path: Any) -> None:
     """The candidates, the horizon and the batches below it: one exchange with the server (one Sync)."""
     import psycopg.pq
