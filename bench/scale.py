@@ -1,8 +1,8 @@
 """What a fetch costs with a million held-back rows in the table, against the same fetch on an empty one.
 
 For each shape of held-back rows the table is filled (in one statement), analysed, then one slot holding a few
-live hints is fetched many times as the engine fetches it (``Store.messages_fetch_slot``: candidate hints, the
-commit-order horizon, their batches), with the planner's custom plans and, on a second connection, with
+live hints is fetched many times as the engine fetches it (``Store.messages_fetch_slot``: candidate hints with
+the commit-order horizon, then their batches, in one round trip), with the planner's custom plans and, on a second connection, with
 ``plan_cache_mode = force_generic_plan`` (what a prepared statement turns into). The median fetch time is printed
 next to the empty table's::
 
