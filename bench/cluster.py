@@ -253,7 +253,7 @@ def slot_terms(driver: PostgresDriver) -> dict[int, tuple[str, int]]:
 # slot indexes per slot, about a millisecond, where count(*) scans the whole table (some 17 ms at 100 000 rows:
 # a sixth of a database CPU at ten looks a second). Paused, dead and waiting messages are not seen; the final
 # count(*) is what proves the table empty.
-# Each slot probed the way the engine's candidates probe it (worker.db.fetch._candidates_sql): through the slot's
+# Each slot probed the way the engine's candidates probe it (worker.db.fetch._slot_fetch_sql): through the slot's
 # own indexes, in (slot, …) order with sorts priced out, whatever the statistics say. Written as a plain EXISTS,
 # the probes took the index of every slot's ready rows once the statistics (taken while the backlog was paused)
 # priced both at one row, and the watcher's look at the table cost 25-130 ms of the server's CPU every 50 ms of

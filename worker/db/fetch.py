@@ -91,39 +91,13 @@ def _now_sql(dialect: str) -> str:
     return "now()" if dialect == "postgresql" else "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
 
 
-def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
-    """A slot's hints with fresh messages after :after (before it, with ``wrap``), hints with due messages
+def _candidates_sql(wrap: bool) -> TextClause:
+    """SQLite: a slot's hints with fresh messages after :after (before it, with ``wrap``), hints with due messages
     (neither of them among :skip, the hints this replica is busy with: the budget is for hints it can take),
-    the next due time and the clock."""
-    now = _now_sql(dialect)
-    pg = dialect == "postgresql"
-    kept = "<> ALL(CAST(:skip AS text[]))" if pg else "NOT IN (SELECT value FROM json_each(:skip))"
-    no_time = "CAST(NULL AS timestamptz)" if dialect == "postgresql" else "NULL"
-    # PostgreSQL: the commit-order horizon's reading comes with the clock (it must be read before the batches'
-    # snapshot, and a reading this recent serves them), saving the fetch a round trip of its own.
-    with_horizon = pg and not wrap
-    extra = (
-        ", CAST(NULL AS bigint) AS last_id, CAST(NULL AS bigint[]) AS pin_ids, CAST(NULL AS text[]) AS pin_holders"
-        if with_horizon
-        else ""
-    )
-    clock = (
-        f"SELECT 't', NULL, {now}, h.last_id, h.pin_ids, h.pin_holders FROM correlation_order_horizon() AS h"
-        if with_horizon
-        else f"SELECT 't', NULL, {now}"
-    )
-    # PostgreSQL: each probe must walk the slot's own fresh hints (correlation_message_fresh_hint_idx), never
-    # the hints of every slot (correlation_message_hint_ready_idx, which gives hint order too, the slot filtered
-    # out row by row: a probe then reads every ready row up to the slot's next hint). Statistics taken while no
-    # row was ready (an empty queue before a burst, a paused backlog before its release) price both at one row,
-    # and the choice turned to the wrong one as the table grew during a drain: 6-10 ms a candidates statement
-    # instead of 0.3. The slot is compared through ANY, so that it is no constant the order can drop, and the
-    # probe asks for (slot, hint) order: only the slot's index gives it without a sort, which the other index
-    # would need on top of its scan. (Pricing sorts out as well, SET LOCAL enable_sort in a transaction of the
-    # statement's own, added 0.1-0.15 ms to every wake-up: left out.)
-    slot = "m.slot = ANY(ARRAY[CAST(:slot AS smallint)])" if pg else "m.slot = :slot"
-    order = "m.slot, m.correlation_hint" if pg else "m.correlation_hint"
-    fresh = f"{slot} AND m.state = 'ready' AND m.next_attempt_at IS NULL"
+    the next due time and the clock. PostgreSQL reads the same in :func:`_slot_fetch_sql`."""
+    now = _now_sql("sqlite")
+    kept = "NOT IN (SELECT value FROM json_each(:skip))"
+    fresh = "m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NULL"
     bound = "AND m.correlation_hint <= :after" if wrap else ""
     start = "''" if wrap else ":after"
     return text(
@@ -131,26 +105,26 @@ def _candidates_sql(dialect: str, wrap: bool) -> TextClause:
         WITH RECURSIVE fresh(hint) AS (
             SELECT (SELECT m.correlation_hint FROM correlation_message m
                      WHERE {fresh} AND m.correlation_hint > {start} {bound}
-                     ORDER BY {order} LIMIT 1)
+                     ORDER BY m.correlation_hint LIMIT 1)
             UNION ALL
             SELECT (SELECT m.correlation_hint FROM correlation_message m
                      WHERE {fresh} AND m.correlation_hint > fresh.hint {bound}
-                     ORDER BY {order} LIMIT 1)
+                     ORDER BY m.correlation_hint LIMIT 1)
               FROM fresh WHERE fresh.hint IS NOT NULL
         )
-        SELECT 'f' AS kind, hint, {no_time} AS due{extra} FROM (
+        SELECT 'f' AS kind, hint, NULL AS due FROM (
             SELECT hint FROM fresh WHERE hint IS NOT NULL AND hint {kept} LIMIT :budget) AS f
         UNION ALL
-        SELECT 'd', hint, {no_time}{extra} FROM (
+        SELECT 'd', hint, NULL FROM (
             SELECT m.correlation_hint AS hint FROM correlation_message m
              WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at IS NOT NULL
                AND m.next_attempt_at <= {now} AND m.correlation_hint {kept}
              ORDER BY m.next_attempt_at LIMIT :budget) AS d
         UNION ALL
         SELECT 'n', NULL, (SELECT min(m.next_attempt_at) FROM correlation_message m
-                            WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at > {now}){extra}
+                            WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at > {now})
         UNION ALL
-        {clock}
+        SELECT 't', NULL, {now}
         """
     ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
 
@@ -162,14 +136,25 @@ _PAGE_HORIZON = "correlation.page_horizon"
 
 
 def _slot_fetch_sql() -> TextClause:
-    """PostgreSQL: a slot's candidates as in :func:`_candidates_sql`, both rounds of the cursor in one statement
-    (the hints from the start up to the cursor are probed only when those after it fall short of the budget),
-    with the clock and the commit-order horizon: its reading, and the id it allows, leaving out the pins in
-    ``:passed`` (``after/holder``: producer transactions open longer than ``order.max_wait``). The hints to take
-    (due and fresh, none of ``:skip``) and that id are set for the transaction, where the batches' statement
-    that follows finds them (:func:`_page_sql`), with its generic plan (see :func:`_rows_of_generic_plan`): the
-    fetch is one round trip, and the batches are still read from a snapshot taken after the horizon's reading."""
-    slot = "m.slot = ANY(ARRAY[CAST(:slot AS smallint)])"  # see _candidates_sql: the slot's own index
+    """PostgreSQL: a slot's candidates (as :func:`_candidates_sql` reads them on SQLite), both rounds of the
+    cursor in one statement (the hints from the start up to the cursor are probed only when those after it fall
+    short of the budget), with the clock and the commit-order horizon: its reading, and the id it allows, leaving
+    out the pins in ``:passed`` (``after/holder``: producer transactions open longer than ``order.max_wait``).
+    The hints to take (due and fresh, none of ``:skip``) and that id are set for the transaction, where the
+    batches' statement that follows finds them (:func:`_page_sql`), with its generic plan (see
+    :func:`_rows_of_generic_plan`): the fetch is one round trip, and the batches are still read from a snapshot
+    taken after the horizon's reading. Alone (:meth:`FetchStatements.messages_candidates`) what it sets ends with
+    it."""
+    # Each probe must walk the slot's own fresh hints (correlation_message_fresh_hint_idx), never the hints of
+    # every slot (correlation_message_hint_ready_idx, which gives hint order too, the slot filtered out row by
+    # row: a probe then reads every ready row up to the slot's next hint). Statistics taken while no row was ready
+    # (an empty queue before a burst, a paused backlog before its release) price both at one row, and the choice
+    # turned to the wrong one as the table grew during a drain: 6-10 ms a candidates statement instead of 0.3.
+    # The slot is compared through ANY, so that it is no constant the order can drop, and the probe asks for
+    # (slot, hint) order: only the slot's index gives it without a sort, which the other index would need on top
+    # of its scan. (Pricing sorts out as well, SET LOCAL enable_sort in a transaction of the statement's own,
+    # added 0.1-0.15 ms to every wake-up: left out.)
+    slot = "m.slot = ANY(ARRAY[CAST(:slot AS smallint)])"
     fresh = f"{slot} AND m.state = 'ready' AND m.next_attempt_at IS NULL"
     kept = "<> ALL(CAST(:skip AS text[]))"
 
@@ -389,6 +374,12 @@ class FetchStatements(StoreBase):
     def messages_candidates(self, slot: int, after: str, budget: int, skip: Sequence[str] = ()) -> Candidates:
         """A slot's hints that may have work: up to ``budget`` with fresh messages after ``after`` (wrapping
         round to the start), up to ``budget`` with due delayed messages, and the slot's next due time."""
+        if self.dialect == "postgresql":
+            params = {"slot": slot, "after": after, "budget": budget, "skip": text_array(skip), "passed": "{}"}
+            statement = _statement(self.dialect, "slot_fetch", None, _slot_fetch_sql)
+            return self._statements(
+                lambda c: _candidates_of(driver_rows(c.connection.driver_connection, statement, params))
+            )
         return self._run(lambda c: self._candidates(c, slot, after, budget, skip))
 
     def order_horizon(self) -> HorizonReading | None:
@@ -451,30 +442,20 @@ class FetchStatements(StoreBase):
                 with driver.transaction():
                     clock.execute(driver_sql(statement), params)
                     page.execute(_page_sql(mode), params)
-            rows = clock.fetchall()
-            candidates = Candidates(
-                fresh=tuple(row[1] for row in rows if row[0] == "f"),
-                due=tuple(dict.fromkeys(row[1] for row in rows if row[0] == "d")),
-                next_due=next(row[2] for row in rows if row[0] == "n"),
-                now=next(row[2] for row in rows if row[0] == "t"),
-                horizon=next(_horizon_reading(*row[3:]) for row in rows if row[0] == "t"),
-            )
+            candidates = _candidates_of(clock.fetchall())
             return candidates, _fetched(page.fetchall(), sqlite=False, now=candidates.now)
 
     def _candidates(
         self, connection: Connection, slot: int, after: str, budget: int, skip: Sequence[str] = ()
     ) -> Candidates:
-        pg = self.dialect == "postgresql"
-        busy = text_array(skip) if pg else json.dumps(list(skip))
+        """SQLite: the candidates' statement, and its round from the start when the hints after ``after`` fall
+        short of the budget."""
 
         def read(wrap: bool, take: int) -> list[Any]:
-            statement = _statement(self.dialect, "candidates", wrap, lambda: _candidates_sql(self.dialect, wrap))
-            params = {"slot": slot, "after": after, "budget": take, "skip": busy}
-            if pg:  # psycopg itself: this statement runs at every fetch
-                return driver_rows(connection.connection.driver_connection, statement, params)
+            statement = _statement(self.dialect, "candidates", wrap, lambda: _candidates_sql(wrap))
+            params = {"slot": slot, "after": after, "budget": take, "skip": json.dumps(list(skip))}
             return list(connection.execute(statement, params).all())
 
-        # Rows: (kind, hint, due[, last_id, pin_ids, pin_holders]).
         rows = read(False, budget)
         fresh = [row[1] for row in rows if row[0] == "f"]
         if len(fresh) < budget and after:
@@ -483,9 +464,7 @@ class FetchStatements(StoreBase):
         times = {row[0]: sqlite_time(row[2]) for row in rows if row[0] in ("n", "t")}
         now = times["t"]
         assert now is not None
-        clock = next(row for row in rows if row[0] == "t")
-        reading = _horizon_reading(*clock[3:]) if pg else None
-        return Candidates(tuple(fresh), due, times.get("n"), now, reading)
+        return Candidates(tuple(fresh), due, times.get("n"), now)
 
     def _horizon(self, connection: Connection) -> HorizonReading:
         return _horizon_reading(*connection.execute(_HORIZON).one())
@@ -593,6 +572,18 @@ def _fetched(rows: Sequence[Any], *, sqlite: bool, now: datetime) -> Fetched:
         got = Counter(row[_HINT] for row in rows)
         cut = frozenset(hint for hint, batch in batches.items() if got[hint] < batch)
     return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight), cut)
+
+
+def _candidates_of(rows: Sequence[Any]) -> Candidates:
+    """The rows of :func:`_slot_fetch_sql`: (kind, hint, time, last_id, pin_ids, pin_holders)."""
+    clock = next(row for row in rows if row[0] == "t")
+    return Candidates(
+        fresh=tuple(row[1] for row in rows if row[0] == "f"),
+        due=tuple(dict.fromkeys(row[1] for row in rows if row[0] == "d")),
+        next_due=next(row[2] for row in rows if row[0] == "n"),
+        now=clock[2],
+        horizon=_horizon_reading(*clock[3:]),
+    )
 
 
 def _horizon_reading(last_id: int, pin_ids: Sequence[int] | None, pin_holders: Sequence[str] | None) -> HorizonReading:
