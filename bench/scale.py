@@ -2,9 +2,9 @@
 
 For each shape of held-back rows the table is filled (in one statement), analysed, then one slot holding a few
 live hints is fetched many times as the engine fetches it (``Store.messages_fetch_slot``: candidate hints with
-the commit-order horizon, then their batches, in one round trip), with the planner's custom plans and, on a second connection, with
-``plan_cache_mode = force_generic_plan`` (what a prepared statement turns into). The median fetch time is printed
-next to the empty table's::
+the commit-order horizon, then their batches, in one round trip), with the planner's custom plans and, on a
+second connection, with ``plan_cache_mode = force_generic_plan`` (what a prepared statement turns into). The
+median fetch time is printed next to the empty table's::
 
     .venv/bin/python bench/scale.py [--url URL] [--rows 1000000] [--fetches 200] [--json]
 
