@@ -135,6 +135,24 @@ _PAGE_HINTS = "correlation.page_hints"
 _PAGE_HORIZON = "correlation.page_horizon"
 
 
+def _fresh_probe(slot: str, after: str, bound: str = "") -> str:
+    """PostgreSQL: the first hint after ``after`` with a fresh message in the slot ``slot`` (an expression), one
+    index probe: a step of the loose index scan over a slot's hints."""
+    # Each probe must walk the slot's own fresh hints (correlation_message_fresh_hint_idx), never the hints of
+    # every slot (correlation_message_hint_ready_idx, which gives hint order too, the slot filtered out row by
+    # row: a probe then reads every ready row up to the slot's next hint). Statistics taken while no row was ready
+    # (an empty queue before a burst, a paused backlog before its release) price both at one row, and the choice
+    # turned to the wrong one as the table grew during a drain: 6-10 ms a candidates statement instead of 0.3.
+    # The slot is compared through ANY, so that it is no constant the order can drop, and the probe asks for
+    # (slot, hint) order: only the slot's index gives it without a sort, which the other index would need on top
+    # of its scan. (Pricing sorts out as well, SET LOCAL enable_sort in a transaction of the statement's own,
+    # added 0.1-0.15 ms to every wake-up: left out.)
+    return f"""(SELECT m.correlation_hint FROM correlation_message m
+                 WHERE m.slot = ANY(ARRAY[CAST({slot} AS smallint)]) AND m.state = 'ready'
+                   AND m.next_attempt_at IS NULL AND m.correlation_hint > {after} {bound}
+                 ORDER BY m.slot, m.correlation_hint LIMIT 1)"""
+
+
 def _slot_fetch_sql() -> TextClause:
     """PostgreSQL: a slot's candidates (as :func:`_candidates_sql` reads them on SQLite), both rounds of the
     cursor in one statement (the hints from the start up to the cursor are probed only when those after it fall
@@ -145,23 +163,10 @@ def _slot_fetch_sql() -> TextClause:
     :func:`_rows_of_generic_plan`): the fetch is one round trip, and the batches are still read from a snapshot
     taken after the horizon's reading. Alone (:meth:`FetchStatements.messages_candidates`) what it sets ends with
     it."""
-    # Each probe must walk the slot's own fresh hints (correlation_message_fresh_hint_idx), never the hints of
-    # every slot (correlation_message_hint_ready_idx, which gives hint order too, the slot filtered out row by
-    # row: a probe then reads every ready row up to the slot's next hint). Statistics taken while no row was ready
-    # (an empty queue before a burst, a paused backlog before its release) price both at one row, and the choice
-    # turned to the wrong one as the table grew during a drain: 6-10 ms a candidates statement instead of 0.3.
-    # The slot is compared through ANY, so that it is no constant the order can drop, and the probe asks for
-    # (slot, hint) order: only the slot's index gives it without a sort, which the other index would need on top
-    # of its scan. (Pricing sorts out as well, SET LOCAL enable_sort in a transaction of the statement's own,
-    # added 0.1-0.15 ms to every wake-up: left out.)
-    slot = "m.slot = ANY(ARRAY[CAST(:slot AS smallint)])"
-    fresh = f"{slot} AND m.state = 'ready' AND m.next_attempt_at IS NULL"
     kept = "<> ALL(CAST(:skip AS text[]))"
 
     def probe(after: str, bound: str) -> str:
-        return f"""(SELECT m.correlation_hint FROM correlation_message m
-                     WHERE {fresh} AND m.correlation_hint > {after} {bound}
-                     ORDER BY m.slot, m.correlation_hint LIMIT 1)"""
+        return _fresh_probe(":slot", after, bound)
 
     wrap = "AND m.correlation_hint <= :after"
     nothing = "CAST(NULL AS timestamptz), CAST(NULL AS bigint), CAST(NULL AS bigint[]), CAST(NULL AS text[])"
@@ -284,12 +289,9 @@ def _page_sql(mode: Mode) -> str:
 
 def _oldest_eligible_sql(mode: Mode) -> TextClause:
     """PostgreSQL: the created_at of the oldest message that could be correlated now over the slots in
-    ``:slots``, in one statement: each slot's candidate hints (up to ``:budget`` fresh ones, the slot's own
-    index as in :func:`_candidates_sql`, and up to ``:budget`` due ones), then each hint's first message in its
-    batch below ``:horizon``."""
-    fresh = "m.slot = ANY(ARRAY[CAST(s.slot AS smallint)]) AND m.state = 'ready' AND m.next_attempt_at IS NULL"
-    probe = f"""(SELECT m.correlation_hint FROM correlation_message m WHERE {fresh} AND m.correlation_hint > {{after}}
-                  ORDER BY m.slot, m.correlation_hint LIMIT 1)"""
+    ``:slots``, in one statement: each slot's candidate hints (up to ``:budget`` fresh ones, probed as a fetch
+    probes them, and up to ``:budget`` due ones), then each hint's first message in its batch below
+    ``:horizon``."""
     batch = _batch_sql("postgresql", mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}",
                                                              "m.created_at", 1)
     return text(
@@ -297,9 +299,9 @@ def _oldest_eligible_sql(mode: Mode) -> TextClause:
         SELECT min(b.created_at) FROM unnest(CAST(:slots AS int[])) AS s(slot)
          CROSS JOIN LATERAL (
             (WITH RECURSIVE fresh(hint) AS (
-                SELECT {probe.format(after="''")}
+                SELECT {_fresh_probe("s.slot", "''")}
                 UNION ALL
-                SELECT {probe.format(after="fresh.hint")} FROM fresh WHERE fresh.hint IS NOT NULL
+                SELECT {_fresh_probe("s.slot", "fresh.hint")} FROM fresh WHERE fresh.hint IS NOT NULL
              )
              SELECT hint FROM fresh WHERE hint IS NOT NULL LIMIT :budget)
             UNION
