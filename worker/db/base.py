@@ -238,8 +238,14 @@ def driver_rows(driver: Any, statement: TextClause, params: Mapping[str, Any]) -
         return cursor.fetchall()  # type: ignore[no-any-return]
 
 
+def int_array(values: Iterable[int]) -> str:
+    """An integer array as PostgreSQL's text literal (``{1,2,3}``), cast by the statement: joined in C, where
+    psycopg would dump a list element by element in Python (a tenth of a replica's CPU at full drain)."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 def text_array(values: Iterable[str]) -> str:
-    """A text array as PostgreSQL's literal (``{"a","b"}``), cast by the statement (see calls._ints)."""
+    """A text array as PostgreSQL's literal (``{"a","b"}``), cast by the statement (see :func:`int_array`)."""
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 
 from worker.config import Mode
-from worker.db.base import StoreBase, driver_rows, driver_sql, text_array
+from worker.db.base import StoreBase, driver_rows, driver_sql, int_array, text_array
 from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
 from worker.message import Message
@@ -534,7 +534,7 @@ class FetchStatements(StoreBase):
             horizon = self.order_horizon()
             assert horizon is not None
             statement = _statement(self.dialect, "oldest_eligible", mode, lambda: _oldest_eligible_sql(mode))
-            params = {"slots": "{" + ",".join(str(int(slot)) for slot in slots) + "}", "budget": budget,
+            params = {"slots": int_array(int(slot) for slot in slots), "budget": budget,
                       "horizon": horizon.last_id, "per_hint": 1}
             oldest: datetime | None = self._run(lambda c: c.execute(statement, params).scalar_one())
             return oldest
