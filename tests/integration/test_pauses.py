@@ -3,9 +3,12 @@ the messages inserted after the pause, keeps its hints' order, and lifting it re
 
 from __future__ import annotations
 
+import threading
+import time
+
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import make_url
 
 from tests.integration.test_engine_once import Recorder, make_poller, rows, send
@@ -13,9 +16,9 @@ from worker.admin import pauses
 from worker.admin.auth import Caller
 from worker.admin.console import console_database
 from worker.admin.errors import Conflict, Forbidden, NotFound
-from worker.config import Settings
+from worker.config import DatabaseSettings, Settings
 from worker.db.console import Chunk
-from worker.db.store import DatabaseBusy, MessageFilter, Store
+from worker.db.store import DatabaseBusy, MessageFilter, Store, build_engine
 from worker.message import MessageState
 
 OPERATOR = Caller("operator", "api", can_write=True)
@@ -258,6 +261,48 @@ def test_messages_the_engine_parks_while_a_pause_is_lifted_are_resumed_with_the_
 
     assert lifted["resumed"] == 5
     assert states(any_store) == dict.fromkeys([early, *ids], "ready") and any_store.pauses_list() == []
+
+
+def test_a_message_parked_while_its_pause_is_lifted_is_not_left_paused_by_a_pause_that_is_gone(
+    store: Store, pg_url: str
+) -> None:
+    """The engine parks a message whose name it last read as paused, while an operator lifts that pause: the park
+    runs after the lift's last sweep and before its commit. Read from a snapshot alone, the pause would still be
+    there and the message parked by a pause that no longer exists, with nothing left to resume it."""
+    pause = pauses.add_pause(store, OPERATOR, "name", "order.paid", "")
+    message_id = send(store, "a", 1)
+    engine_side = Store(build_engine(DatabaseSettings(url=pg_url)))
+    parked_by_engine: list[bool] = []
+    park = threading.Thread(target=lambda: parked_by_engine.append(engine_side.message_park(message_id, pause["id"])))
+
+    def before_the_lift_commits(connection: Connection) -> None:
+        driver = connection.connection.driver_connection
+        if park.ident is not None or driver.execute("SELECT 1 FROM correlation_pause").fetchone():
+            return
+        park.start()  # the lift has deleted its pause and swept what it parked, and is about to commit
+        deadline = time.monotonic() + 10
+        while park.is_alive() and not _blocked(pg_url) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    event.listen(store.engine, "commit", before_the_lift_commits)
+    try:
+        lifted = pauses.lift_pause(store, OPERATOR, pause["id"])
+        park.join(10)
+    finally:
+        event.remove(store.engine, "commit", before_the_lift_commits)
+        engine_side.close()
+    assert lifted["resumed"] == 0 and parked_by_engine == [False]
+    assert states(store) == {message_id: "ready"}
+
+
+def _blocked(pg_url: str) -> bool:
+    """Whether a session of this database waits for another's lock."""
+    with psycopg.connect(make_url(pg_url).set(drivername="postgresql").render_as_string(False)) as connection:
+        row = connection.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND cardinality(pg_blocking_pids(pid)) > 0"
+        ).fetchone()
+    return bool(row and row[0])
 
 
 def test_lifting_resumes_only_the_messages_its_pause_parked(any_store: Store) -> None:

@@ -362,11 +362,16 @@ _DEAD_LETTER = text(
     "UPDATE correlation_message SET state = 'dead', next_attempt_at = NULL, last_error = :reason WHERE id = :id"
 )
 
-# Pause one message for a durable pause of its name (it then holds back the later messages of its hint).
-_PARK = text(
+# Pause one message for a durable pause of its name (it then holds back the later messages of its hint), not once
+# the pause is lifted. On PostgreSQL the pause's row is locked (KEY SHARE) until the park commits: a lift deletes
+# that row, then resumes what its pause parked, so a park either commits before the delete (and the lift resumes it)
+# or waits for the lift's commit and then finds no pause. Read from a snapshot alone, a pause being lifted would
+# still be seen and the message parked, after the lift's last sweep, by a pause that no longer exists: paused for good.
+_PARK = (
     "UPDATE correlation_message SET state = 'paused', pause_id = :pause_id WHERE id = :id AND state = 'ready' "
-    "AND EXISTS (SELECT 1 FROM correlation_pause p WHERE p.id = :pause_id)"  # not once the pause is lifted
+    "AND EXISTS (SELECT 1 FROM correlation_pause p WHERE p.id = :pause_id{lock})"
 )
+_PARK_BY_DIALECT = {"postgresql": text(_PARK.format(lock=" FOR KEY SHARE")), "sqlite": text(_PARK.format(lock=""))}
 
 
 
@@ -515,7 +520,8 @@ class FetchStatements(StoreBase):
     def message_park(self, message_id: int, pause_id: int) -> bool:
         """Pause one message on behalf of a durable pause of its name; False if it was no longer ready."""
         params = {"id": message_id, "pause_id": pause_id}
-        return bool(self._write(lambda c: c.execute(_PARK, params).rowcount))
+        statement = _PARK_BY_DIALECT[self.dialect]
+        return bool(self._write(lambda c: c.execute(statement, params).rowcount))
 
     # -- durable pauses ---------------------------------------------------------------------------------------
 
