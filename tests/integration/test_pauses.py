@@ -277,6 +277,7 @@ def test_a_message_parked_while_its_pause_is_lifted_is_not_left_paused_by_a_paus
 
     def before_the_lift_commits(connection: Connection) -> None:
         driver = connection.connection.driver_connection
+        assert driver is not None
         if park.ident is not None or driver.execute("SELECT 1 FROM correlation_pause").fetchone():
             return
         park.start()  # the lift has deleted its pause and swept what it parked, and is about to commit
