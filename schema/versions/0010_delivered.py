@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from alembic import op
 from sqlalchemy import text
-
 from worker.migrations.sqlfiles import apply
 
 revision = "0010"
