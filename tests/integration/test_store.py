@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from tests.conftest import left
 from worker.config import Mode
+from worker.db.base import text_array
 from worker.db.calls import FlushOutcome, SlotWrite
 from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store
 from worker.message import Message, MessageState
@@ -285,6 +286,38 @@ def test_candidates_keep_to_the_slots_index_when_statistics_saw_no_ready_row(sto
     candidates = store.messages_candidates(slot, "", 1000)
     ready = {f"hint-{i}" for i in range(0, 1000, 4)}  # 1000 hints: message n's hint is n mod 1000
     assert sorted(candidates.fresh) == sorted(hint for hint in ready if _slot(store, hint) == slot)
+
+
+def test_a_fetch_leaving_out_many_hints_compares_them_through_a_hash_and_still_leaves_them_out(store: Store) -> None:
+    """Hints a fetch leaves out (busy here, resting after a batch, paused) are walked past, and every step of the
+    walk is compared with them: compared one by one, a slot with thousands of resting hints made each fetch grow
+    with their square. Past SKIP_HASHED the comparison goes through a hash; below it, one by one (cheaper for a
+    few). Either way the hints left out are left out and the others taken."""
+    from worker.db.base import driver_sql
+    from worker.db.fetch import SKIP_HASHED, _slot_fetch
+
+    with store.engine.connect() as connection:
+        connection.execution_options(isolation_level="AUTOCOMMIT").execute(text(
+            "INSERT INTO correlation_message (message_name, correlation_hint, payload) "
+            "SELECT 'order.paid', 'hint-' || i, '{}' FROM generate_series(1, 20000) i"
+        ))
+    slot = _slot(store, "hint-7")
+    hints = sorted(store.messages_candidates(slot, "", 100_000).fresh)
+    assert len(hints) > SKIP_HASHED + 50
+    taken = set(hints[::40])
+    skipped = [hint for hint in hints if hint not in taken]
+    assert len(skipped) > SKIP_HASHED
+
+    for skip in (skipped, skipped[:SKIP_HASHED]):
+        candidates = store.messages_candidates(slot, hints[3], 100_000, skip=skip)
+        assert sorted(candidates.fresh) == sorted(set(hints) - set(skip))
+        _, fetched = store.messages_fetch_slot(slot, hints[3], 100_000, per_hint=10, limit=100_000,
+                                               mode=Mode.FAIL_FIRST, skip=skip)
+        assert {message.hint for message in fetched.messages} == set(hints) - set(skip)
+    params = {"slot": slot, "after": "", "budget": 100, "passed": "{}"}
+    many = _plan(store, driver_sql(_slot_fetch(len(skipped))), params | {"skip": text_array(skipped)})
+    few = _plan(store, driver_sql(_slot_fetch(3)), params | {"skip": text_array(skipped[:3])})
+    assert "hashed SubPlan" in many and "hashed SubPlan" not in few, (many, few)
 
 
 def test_sql_eligibility_matches_the_pure_rule_on_random_tables(any_store: Store) -> None:
