@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+import pytest
 from sqlalchemy import text
 
 from tests.conftest import left, stop_at_teardown
 from tests.integration.test_slot_leases import leaser
-from worker.config import Settings
+from worker.config import Mode, Settings
 from worker.correlators import Router
+from worker.db.fetch import Fetched, FetchMark
 from worker.db.store import NewMessage, Store
 from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
@@ -421,17 +423,32 @@ def test_a_run_marked_ahead_when_its_replica_dies_is_delivered_again_counted_and
     assert in_flight(store) == {}
 
 
-def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_released(store: Store) -> None:
+@pytest.mark.parametrize("marker", ["lane", "fetch"])
+def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_released(store: Store, marker: str) -> None:
+    """Marked by its lane (the hint waited in the rotation) or by the fetch itself (a lane waited for work)."""
     holder = leaser(store, "a")
     holder.run_once()
-    send(store, "order-1")
     calls: list[int] = []
     engine = engine_of(store, holder, Metrics(), calls)
     marked, go = threading.Event(), threading.Event()
-    mark_now = engine.committer.mark_now
+    if marker == "lane":
+        engine.lanes.reserve = lambda: 0  # type: ignore[method-assign]  # as if no lane were free at the fetch
+    send(store, "order-1")
+    mark_now, marked_by_fetch = engine.committer.mark_now, engine.committer.marked_by_fetch
+    paths: list[str] = []
+
+    def by_fetch(*args: object, **kwargs: object) -> list[MarkTicket]:
+        tickets = marked_by_fetch(*args, **kwargs)  # type: ignore[arg-type]
+        paths.extend("fetch" for ticket in tickets if ticket.calls)
+        for ticket in tickets:
+            hold(ticket)
+        return tickets
 
     def mark_then_wait(*args: object, **kwargs: object) -> MarkTicket:  # stops between the mark and the call
-        ticket = mark_now(*args, **kwargs)  # type: ignore[arg-type]
+        paths.append("lane")
+        return hold(mark_now(*args, **kwargs))  # type: ignore[arg-type]
+
+    def hold(ticket: MarkTicket) -> MarkTicket:
         wait = ticket.wait
 
         def wait_then_hold() -> float | None:
@@ -444,8 +461,10 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_releas
         return ticket
 
     engine.committer.mark_now = mark_then_wait  # type: ignore[method-assign]
+    engine.committer.marked_by_fetch = by_fetch  # type: ignore[method-assign]
     engine.start()
     assert marked.wait(10)
+    assert paths == [marker]
     assert in_flight(store) != {}
     stopper = threading.Thread(target=engine.stop, kwargs={"grace": 5.0})
     stopper.start()
@@ -553,3 +572,113 @@ def test_a_message_whose_hint_is_changed_while_its_call_runs_is_not_called_again
     resume.set()
     assert wait_until(lambda: left(store, moved))
     assert calls == [moved] and in_flight(store) == {}
+
+
+# -- calls a fetch marks itself, for lanes waiting for work ----------------------------------------------------
+
+
+def _fetch_marking(store: Store, slot: int, mark: FetchMark) -> Fetched:
+    _, fetched = store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=1000, mode=Mode.FAIL_FIRST, mark=mark)
+    return fetched
+
+
+def _calls(store: Store) -> dict[int, tuple[int, int, str, int]]:
+    """The call rows: message id → (slot, fence, holder, run head)."""
+    with store.engine.connect() as connection:
+        rows = connection.execute(text("SELECT message_id, slot, fence, holder, run_head FROM correlation_call"))
+        return {row[0]: (row[1], row[2], row[3], row[4]) for row in rows}
+
+
+def test_a_fetch_for_idle_lanes_marks_the_first_runs_of_its_first_hints_under_its_term(store: Store) -> None:
+    a = leaser(store, "a")
+    a.run_once()
+    first = send(store, "a-1")
+    slot = slot_of(store, first)
+    b, c = hint_in_slot(store, slot, "b-"), hint_in_slot(store, slot, "c-")
+    rows = {"a": [first], "b": [], "c": []}
+    for hint, key in [(b, "b"), ("a-1", "a"), (c, "c"), ("a-1", "a"), (b, "b"), (c, "c")]:
+        rows[key].append(send(store, hint))
+    fence = a.fence(slot)
+    assert fence is not None
+
+    fetched = _fetch_marking(store, slot, FetchMark(fence, 2, runs=(("n", 2),)))
+
+    assert len(fetched.messages) == 7, "the page is the same as without marks"
+    assert fetched.marked == {*rows["a"][:2], *rows["b"][:2]}, "the first two hints in the page, two calls each"
+    assert fetched.remaining is not None and 0 < fetched.remaining <= 40
+    marked = _calls(store)
+    assert marked == {i: (slot, fence.fence, fence.holder, rows[k][0]) for k in "ab" for i in rows[k][:2]}
+
+    _, again = store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=1000, mode=Mode.FAIL_FIRST)
+    assert again.in_flight >= fetched.marked, "marked calls read as in flight, as a lane's marks do"
+
+
+def test_a_fetchs_run_ends_before_a_call_in_flight_a_paused_name_and_a_message_delivered_again(store: Store) -> None:
+    a = leaser(store, "a")
+    a.run_once()
+    head = send(store, "a-1")
+    slot = slot_of(store, head)
+    hints = [hint_in_slot(store, slot, f"{prefix}-") for prefix in "bcde"]
+    ids = {hint: [send(store, hint), send(store, hint)] for hint in hints}
+    ids["a-1"] = [head, send(store, "a-1")]
+    b, c, d, _ = hints
+    fence = a.fence(slot)
+    assert fence is not None
+    with store.engine.begin() as connection:
+        connection.execute(text("UPDATE correlation_message SET message_name = 'p' WHERE id = :id"),
+                           {"id": ids[b][1]})
+        connection.execute(text("UPDATE correlation_message SET lost_calls = 1 WHERE id IN (:c, :d)"),
+                           {"c": ids[c][1], "d": ids[d][0]})
+    die = [(ids["a-1"][1], ids["a-1"][1], "called")]  # a call of an ended term, not adopted yet
+    with store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state) "
+                 "VALUES (:id, :slot, 0, 'gone', :head, :state)"),
+            [{"id": i, "slot": slot, "head": h, "state": s} for i, h, s in die],
+        )
+
+    fetched = _fetch_marking(store, slot, FetchMark(fence, 10, paused=("p",), runs=(("n", 10),)))
+
+    # a: its second call is in flight; b: its second message's name is paused; c: its second message was delivered
+    # again (called alone); d: its first one was, and no hint from there on is marked, e included.
+    assert fetched.marked == {ids["a-1"][0], ids[b][0], ids[c][0]}
+    assert set(_calls(store)) == fetched.marked | {ids["a-1"][1]}
+
+
+def test_a_fetch_whose_term_has_ended_marks_nothing(store: Store) -> None:
+    a = leaser(store, "a")
+    a.run_once()
+    message = send(store, "a-1")
+    slot = slot_of(store, message)
+    fence = a.fence(slot)
+    assert fence is not None
+    with store.engine.begin() as connection:
+        connection.execute(text("UPDATE correlation_lock SET lock_until = now() - interval '1 second' "
+                                "WHERE name = :name"), {"name": fence.name})
+
+    fetched = _fetch_marking(store, slot, FetchMark(fence, 8))
+
+    assert [m.id for m in fetched.messages] == [message]
+    assert fetched.marked == frozenset() and fetched.remaining is None and _calls(store) == {}
+
+
+def test_work_arriving_at_an_idle_replica_is_marked_by_its_fetch_and_called_with_no_mark_of_its_own(
+    store: Store,
+) -> None:
+    holder = leaser(store, "a")
+    holder.run_once()
+    calls: list[int] = []
+    engine = engine_of(store, holder, Metrics(), calls)
+    marks: list[object] = []
+    calls_mark = store.calls_mark
+
+    def counted(requests: Any) -> Any:
+        marks.append(requests)
+        return calls_mark(requests)
+
+    store.calls_mark = counted  # type: ignore[method-assign]
+    engine.start()
+    message = send(store, "order-1")
+    engine.wake()
+    assert wait_until(lambda: calls == [message] and in_flight(store) == {})
+    assert marks == [], "the fetch marked the call: no mark of its own before it"

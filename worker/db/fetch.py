@@ -21,7 +21,7 @@ import functools
 import json
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 
 from worker.config import Mode
-from worker.db.base import StoreBase, driver_rows, driver_sql, int_array, text_array
+from worker.db.base import Fence, StoreBase, driver_rows, driver_sql, int_array, text_array
 from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
 from worker.message import Message
@@ -69,6 +69,24 @@ class Fetched:
     in_flight: frozenset[int] = frozenset()  # ids of messages with a call in flight (a batch ends before one)
     # Hints whose batch the page's limit cut short (PostgreSQL; None: not known, any hint may have been)
     cut: frozenset[str] | None = None
+    marked: frozenset[int] = frozenset()  # calls the fetch marked in flight itself (see FetchMark)
+    remaining: float | None = None  # with them: the seconds left of the term they were marked under
+
+
+@dataclass(frozen=True, slots=True)
+class FetchMark:
+    """Calls a slot's fetch marks in flight itself, in its own round trip, for lanes waiting for work: the first
+    run of each of the page's first ``count`` hints, under the term ``fence`` while it runs. A run is the start of
+    its hint's batch, as many calls as ``runs`` says for its message name (one for a name not in it), and ends
+    before a call already in flight, one whose name is in ``paused`` (it is parked instead) and one delivered
+    again; none is marked from the first hint whose first message was delivered again on (it is called alone,
+    and the hints before it in the page are the ones the lanes would have taken before it anyway).
+    PostgreSQL only."""
+
+    fence: Fence
+    count: int
+    paused: tuple[str, ...] = ()
+    runs: tuple[tuple[str, int], ...] = ()  # (message name, calls in its run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +318,61 @@ def _page_sql(mode: Mode) -> str:
     ).replace("%(horizon)s", f"CAST(current_setting('{_PAGE_HORIZON}', true) AS bigint)")
 
 
+# The columns of the batches' rows (ENGINE_COLUMNS, the batch's length and whether a call is in flight), by name.
+_PAGE_COLUMNS = ", ".join(
+    f"p.{column.split(' AS ')[-1].split('.')[-1]}" for column in ENGINE_COLUMNS.split(", ")
+) + ", p.batch, p.in_flight"
+
+
+@functools.cache
+def _page_marking_sql(mode: Mode) -> str:
+    """PostgreSQL: :func:`_page_sql` that also marks in flight the first run of the page's first ``mark`` hints
+    (see :class:`FetchMark`), as :data:`worker.db.calls._MARK_PG` marks a run: under the term while it runs,
+    committed without waiting for the disk, a message in flight already left alone. One statement, so the calls
+    marked start their hints' batches as the rows returned have them. Each row also says whether it was marked,
+    and the seconds left of the term (NULL: the term has ended, nothing was marked)."""
+    page = _page_sql(mode).replace(" x.batch, ", " x.batch, o.turn AS page_turn, ", 1)
+    return f"""
+        WITH page AS MATERIALIZED ({page}
+        ), term AS MATERIALIZED (
+            SELECT CAST(EXTRACT(EPOCH FROM l.lock_until - now()) AS float8) AS remaining,
+                   set_config('synchronous_commit', 'off', true) AS fast
+              FROM correlation_lock l
+             WHERE l.name = %(mark_lock)s AND l.locked_by = %(mark_holder)s
+               AND l.fence = CAST(%(mark_fence)s AS bigint) AND l.lock_until > now()
+        ), runs AS MATERIALIZED (
+            -- each row's place in its hint's batch, and whether its run may reach it: no call before it (nor
+            -- itself) in flight, of a paused name, or delivered again after the first
+            SELECT id, page_turn, lost_calls,
+                   row_number() OVER w AS place,
+                   bool_or(in_flight OR message_name = ANY(CAST(%(mark_paused)s AS text[]))) OVER w AS stopped,
+                   count(*) FILTER (WHERE lost_calls > 0) OVER w AS again,
+                   COALESCE((SELECT r.calls
+                               FROM unnest(CAST(%(mark_names)s AS text[]), CAST(%(mark_runs)s AS integer[]))
+                                    AS r(name, calls)
+                              WHERE r.name = page.message_name), 1) AS run
+              FROM page WINDOW w AS (PARTITION BY page_turn ORDER BY id)
+        ), turns AS (
+            SELECT page_turn FROM runs
+             WHERE place = 1 AND NOT stopped
+               AND page_turn < COALESCE((SELECT min(page_turn) FROM runs WHERE place = 1 AND lost_calls > 0),
+                                        2147483647)
+             ORDER BY page_turn LIMIT CAST(%(mark)s AS integer)
+        ), marked AS (
+            INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
+            SELECT r.id, CAST(%(slot)s AS integer), CAST(%(mark_fence)s AS bigint), %(mark_holder)s,
+                   first_value(r.id) OVER (PARTITION BY r.page_turn ORDER BY r.id), 'called'
+              FROM runs r
+             WHERE r.page_turn IN (SELECT page_turn FROM turns) AND NOT r.stopped AND r.again = 0
+               AND r.place <= r.run AND EXISTS (SELECT 1 FROM term)
+            ON CONFLICT (message_id) DO NOTHING
+            RETURNING message_id
+        )
+        SELECT {_PAGE_COLUMNS}, p.id IN (SELECT message_id FROM marked) AS marked_now,
+               (SELECT remaining FROM term) AS remaining
+          FROM page p ORDER BY p.page_turn, p.id"""
+
+
 def _oldest_eligible_sql(mode: Mode) -> TextClause:
     """PostgreSQL: the created_at of the oldest message that could be correlated now over the slots in
     ``:slots``, in one statement: each slot's candidate hints (up to ``:budget`` fresh ones, probed as a fetch
@@ -426,6 +499,7 @@ class FetchStatements(StoreBase):
         mode: Mode,
         skip: Sequence[str] = (),
         passed_over: Sequence[tuple[int, str]] = (),
+        mark: FetchMark | None = None,
     ) -> tuple[Candidates, Fetched]:
         """A slot's fetch: its candidate hints (up to ``budget`` fresh ones after ``after``, wrapping round, and up
         to ``budget`` due ones; none of ``skip``, the hints this replica will not take now), and those hints'
@@ -436,6 +510,10 @@ class FetchStatements(StoreBase):
         after it: on PostgreSQL the two statements go in one round trip, a transaction in which each takes its
         own snapshot; SQLite keeps one snapshot per transaction, so the batches get a second one (and need no
         horizon: one writer at a time, so ids commit in order).
+
+        With ``mark`` (PostgreSQL), the batches' statement also marks the first calls of the page's first hints in
+        flight, in the same round trip: their ids and the term's seconds left come back in the
+        :class:`Fetched` (``marked``, ``remaining``); SQLite marks nothing here.
         """
         if self.dialect == "sqlite":
             candidates = self._run(lambda c: self._candidates(c, slot, after, budget, skip))
@@ -447,23 +525,41 @@ class FetchStatements(StoreBase):
             "passed": text_array(f"{pin}/{holder}" for pin, holder in passed_over),
             "per_hint": per_hint, "limit": limit,
         }
-        return self._statements(lambda c: self._fetch_pg(c.connection.driver_connection, params, mode, len(skip)))
+        marking = mark is not None and mark.count > 0
+        if mark is not None and marking:
+            params.update(
+                mark=mark.count, mark_lock=mark.fence.name, mark_holder=mark.fence.holder,
+                mark_fence=mark.fence.fence, mark_paused=text_array(mark.paused),
+                mark_names=text_array(name for name, _ in mark.runs), mark_runs=int_array(n for _, n in mark.runs),
+            )
+        return self._statements(
+            lambda c: self._fetch_pg(c.connection.driver_connection, params, mode, len(skip), marking)
+        )
 
-    def _fetch_pg(self, driver: Any, params: dict[str, Any], mode: Mode, skipped: int) -> tuple[Candidates, Fetched]:
+    def _fetch_pg(
+        self, driver: Any, params: dict[str, Any], mode: Mode, skipped: int, marking: bool = False
+    ) -> tuple[Candidates, Fetched]:
         statement = _slot_fetch(skipped)
+        page_sql = _page_marking_sql(mode) if marking else _page_sql(mode)
         clock, page = driver.cursor(), driver.cursor(binary=True)
         with clock, page:
             if _PIPELINE and driver.autocommit:
                 # One exchange: the statements up to the pipeline's sync run as one transaction.
                 with driver.pipeline():
                     clock.execute(driver_sql(statement), params)
-                    page.execute(_page_sql(mode), params)
+                    page.execute(page_sql, params)
             else:  # a libpq without pipelines: the same statements, a round trip each
                 with driver.transaction():
                     clock.execute(driver_sql(statement), params)
-                    page.execute(_page_sql(mode), params)
+                    page.execute(page_sql, params)
             candidates = _candidates_of(clock.fetchall())
-            return candidates, _fetched(page.fetchall(), sqlite=False, now=candidates.now)
+            rows = page.fetchall()
+        if not marking:
+            return candidates, _fetched(rows, sqlite=False, now=candidates.now)
+        marked = frozenset(int(row[0]) for row in rows if row[-2])
+        remaining = next((float(row[-1]) for row in rows if row[-1] is not None), None)
+        fetched = _fetched([row[:-2] for row in rows], sqlite=False, now=candidates.now)
+        return candidates, replace(fetched, marked=marked, remaining=remaining)
 
     def _candidates(
         self, connection: Connection, slot: int, after: str, budget: int, skip: Sequence[str] = ()

@@ -109,6 +109,7 @@ class MarkTicket:
     marked: frozenset[int] = frozenset()
     seconds: float = 0.0  # how long the marks took to be written
     withdrawn: bool = False
+    by_fetch: bool = False  # written by the fetch that read the calls (see Committer.marked_by_fetch)
 
     def answer(self, remaining: float | None, marked: frozenset[int], now: float) -> None:
         self.remaining = remaining
@@ -210,6 +211,24 @@ class Committer:
             self._taken_for_marking([ticket])
         self._write_marks([ticket])
         return ticket
+
+    def marked_by_fetch(
+        self, slot: int, fence: Fence, runs: Sequence[Sequence[int]], remaining: float | None
+    ) -> list[MarkTicket]:
+        """Runs of calls a slot's fetch marked in flight itself (:class:`~worker.db.fetch.FetchMark`): this
+        replica's from now on (an adoption leaves them alone), a ticket each, answered. Called by the fetching
+        thread as the fetch returns: the slot's adoptions run on that thread too, so none runs in between.
+        A ticket whose calls are not made after all is withdrawn (:meth:`withdraw`): its marks are taken back."""
+        now = self._monotonic()
+        tickets = []
+        with self._cond:
+            for run in runs:
+                for message_id in run:
+                    self._in_flight[message_id] = fence
+                ticket = MarkTicket(self, slot, fence, tuple(run), False, now, by_fetch=True)
+                ticket.answer(remaining, frozenset(run), now)
+                tickets.append(ticket)
+        return tickets
 
     def withdraw(self, ticket: MarkTicket) -> None:
         """The calls of a ticket will not be made by this term (the replica stops, or the slot is gone): their

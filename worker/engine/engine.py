@@ -35,6 +35,7 @@ told they changed, else every second.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import threading
 import time
@@ -48,7 +49,7 @@ from worker.correlators import Router
 from worker.db.base import Fence
 from worker.db.calls import LostCall
 from worker.db.errors import LeaseLost, StoreError
-from worker.db.fetch import Candidates, HorizonReading, Pause
+from worker.db.fetch import Candidates, Fetched, FetchMark, HorizonReading, Pause
 from worker.db.rows import Unreadable
 from worker.db.store import Store
 from worker.engine.committer import Committer
@@ -497,10 +498,65 @@ class Engine:
         skip += paused_hints
         with self._horizon_lock:
             passed_over = overdue(self._pins, now, self.settings.order.max_wait.total_seconds())
-        candidates, batches = self.store.messages_fetch_slot(
-            state.slot, state.cursor, budget, per_hint=self.per_hint, limit=self.page_size,
-            mode=self.settings.policy.mode, skip=skip, passed_over=[(pin.after, pin.holder) for pin in passed_over],
-        )
+        # Lanes waiting for work: the fetch marks the first calls for them itself (one round trip fewer before
+        # each call when work arrives at an idle replica).
+        free = self.lanes.reserve() if state.fence is not None else 0
+        try:
+            mark = None
+            if free and state.fence is not None:
+                mark = FetchMark(state.fence, free, tuple(paused_names), self.lanes.first_runs())
+            candidates, batches = self.store.messages_fetch_slot(
+                state.slot, state.cursor, budget, per_hint=self.per_hint, limit=self.page_size,
+                mode=self.settings.policy.mode, skip=skip,
+                passed_over=[(pin.after, pin.holder) for pin in passed_over], mark=mark,
+            )
+            self._submit(now, state, budget, candidates, batches, paused_names)
+        finally:
+            if free:
+                self.lanes.unreserve()
+
+    def _submit(
+        self,
+        now: float,
+        state: _Slot,
+        budget: int,
+        candidates: Candidates,
+        batches: Fetched,
+        paused_names: dict[str, int],
+    ) -> None:
+        """Hand a fetch's work to the lanes, the runs it marked (if any) ahead; a call it marked that starts no
+        hint's work (its row unreadable, say) has its mark taken back."""
+        marked, fence = batches.marked, state.fence
+        try:
+            works = self._took(now, state, budget, candidates, batches, paused_names)
+        except BaseException:
+            if marked and fence is not None:
+                for ticket in self.committer.marked_by_fetch(state.slot, fence, [sorted(marked)], None):
+                    self.committer.withdraw(ticket)
+            raise
+        if not marked or fence is None:
+            self.lanes.submit(works)
+            return
+        runs = []
+        for work in works:
+            run = list(itertools.takewhile(lambda message: message.id in marked, work.pending))
+            if run:
+                runs.append([message.id for message in run])
+        strays = sorted(marked - {message_id for run in runs for message_id in run})
+        tickets = self.committer.marked_by_fetch(state.slot, fence, [*runs, strays], batches.remaining)
+        self.committer.withdraw(tickets.pop())
+        self.lanes.submit(works, {ticket.calls[0]: ticket for ticket in tickets})
+
+    def _took(
+        self,
+        now: float,
+        state: _Slot,
+        budget: int,
+        candidates: Candidates,
+        batches: Fetched,
+        paused_names: dict[str, int],
+    ) -> list[HintWork]:
+        """What a slot's fetch took: its hints' works (busy from now on), the slot's cursor and next fetch."""
         chosen = list(dict.fromkeys(candidates.due + candidates.fresh))
         reading = self._horizon_now(now, candidates.horizon)
         self.clock.observe(candidates.now)
@@ -533,7 +589,7 @@ class Engine:
                 state.wanted_at = min(state.wanted_at, now + ADOPT_RETRY)
             if not held:  # the slot is drained or gave out work (held back by the horizon it is stuck)
                 state.last_progress = now
-        self.lanes.submit(works)
+        return works
 
     def _works(
         self,

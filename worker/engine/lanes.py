@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -52,7 +52,7 @@ from worker.db.base import Fence
 from worker.db.errors import StoreError
 from worker.engine.committer import Committer, MarkTicket, Outcomes
 from worker.message import Message
-from worker.policy.batching import run_length
+from worker.policy.batching import MAX_RUN, run_length
 from worker.policy.outcomes import (
     AuthProblem,
     Disposition,
@@ -212,6 +212,7 @@ class Lanes:
         self._watchdog: threading.Thread | None = None
         self._alone_waiting = 0  # lanes waiting to call a message alone (no lane is admitted meanwhile)
         self._alone: _Lane | None = None  # the lane calling a message alone
+        self._fetches_marking = 0  # fetches that may mark calls for the lanes waiting (see reserve)
         self._let_go: list[HintWork] = []  # hints given up by the watchdog, their work to report as over
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -297,24 +298,69 @@ class Lanes:
 
     def _in_runs(self) -> bool:
         """Runs marked and not over (or marked ahead, not begun)."""
-        return bool(self._ahead) or any(lane.admitted and not lane.abandoned for lane in self._lanes)
+        return bool(self._ahead or self._fetches_marking) or any(
+            lane.admitted and not lane.abandoned for lane in self._lanes
+        )
 
     def _running_calls(self) -> int:
         return sum(1 for lane in self._lanes if lane.current is not None and not lane.abandoned)
 
     # -- the rotation ---------------------------------------------------------------------------------------
 
-    def submit(self, works: Sequence[HintWork]) -> None:
-        """Put fetched hints at the end of the rotation."""
+    def submit(self, works: Sequence[HintWork], marked: Mapping[int, MarkTicket] | None = None) -> None:
+        """Put fetched hints at the end of the rotation; a hint whose first call the fetch marked itself (``marked``,
+        by message id) goes ahead, that call its run, to the lane waiting for it."""
         if not works:
             return
         with self._cond:
             if not self._stopping:
-                self._rotation.extend(works)
+                for work in works:
+                    ticket = marked.get(work.pending[0].id) if marked and work.pending else None
+                    if ticket is None:
+                        self._rotation.append(work)
+                    else:
+                        work.running = True
+                        run = [work.pending.popleft() for _ in ticket.calls]
+                        self._ahead.append(_Ahead(work, run, ticket))
                 self._work_ready.notify(len(works))
                 return
-        for work in works:  # fetched while the replica stops: let go at once, or their slots stay busy
+        for ticket in (marked or {}).values():  # fetched while the replica stops: marks taken back, hints let go
+            self.committer.withdraw(ticket)
+        for work in works:
             self.settle(work)
+
+    def reserve(self) -> int:
+        """How many first calls a fetch may mark itself: every lane, when all of them wait for work (work arrives
+        at an idle replica, and its first calls then wait for no mark of their own); else none. A busy replica
+        marks runs as its lanes take them, or ahead of them, as long as its calls make them. Fetches of two slots
+        at once may both mark: a run then waits for the first lane free, as a run marked ahead does.
+
+        Past zero the gate stays shut to a message to call alone until :meth:`unreserve` (after the fetch's
+        :meth:`submit`): a call marked beside it would be counted lost, and its crash not told from its own."""
+        with self._cond:
+            if (
+                self._stopping or self._hung or self._rotation or self._ahead
+                or any(lane.work is not None for lane in self._lanes)
+            ):
+                return 0
+            self._fetches_marking += 1
+            return len(self._lanes)
+
+    def first_runs(self) -> tuple[tuple[str, int], ...]:
+        """The calls a run of each message name timed so far would have (one for the others): what a fetch marking
+        runs itself marks, as a lane would."""
+        with self._cond:
+            return tuple(
+                (name, run_length(seconds, self._mark_seconds, MAX_RUN))
+                for name, seconds in self._call_seconds.items()
+            )
+
+    def unreserve(self) -> None:
+        """A fetch that was to mark calls (:meth:`reserve`) is over: its marked calls, if any, are ahead."""
+        with self._cond:
+            self._fetches_marking -= 1
+            if self._alone_waiting:
+                self._cond.notify_all()
 
     def drop_slot(self, slot: int) -> list[HintWork]:
         """Take a slot's hints out of the rotation (its lease is gone); returns them."""
@@ -538,7 +584,8 @@ class Lanes:
         if ticket.wait() is None:  # term over, stopping, or the database not writable now
             self._give_back(work, "its slot's lease is gone")
             return
-        self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
+        if not ticket.by_fetch:  # a fetch's mark costs its fetch nearly nothing: it says nothing of a mark's time
+            self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
         marked = ticket.marked
         count = next((index for index, message in enumerate(run) if message.id not in marked), len(run))
         if count < len(run):  # in flight elsewhere, paused or deleted since the fetch: the hint waits there
