@@ -682,3 +682,29 @@ def test_work_arriving_at_an_idle_replica_is_marked_by_its_fetch_and_called_with
     engine.wake()
     assert wait_until(lambda: calls == [message] and in_flight(store) == {})
     assert marks == [], "the fetch marked the call: no mark of its own before it"
+
+
+def test_a_fetch_that_fails_after_marking_takes_its_marks_back_and_its_work_is_called_later_uncounted(
+    store: Store,
+) -> None:
+    holder = leaser(store, "a")
+    holder.run_once()
+    calls: list[int] = []
+    engine = engine_of(store, holder, Metrics(), calls)
+    took = engine._took
+    failed: list[dict[int, str]] = []
+
+    def fails_once(*args: Any) -> Any:
+        if not failed and args[4].marked:  # the batches came back with calls marked, then the fetch fails
+            failed.append(in_flight(store))
+            raise RuntimeError("a fault after the fetch")
+        return took(*args)
+
+    engine._took = fails_once  # type: ignore[method-assign]
+    engine.start()
+    message = send(store, "order-1")
+    engine.wake()
+    assert wait_until(lambda: calls == [message] and in_flight(store) == {})
+    assert failed == [{message: "called"}], "the failed fetch had marked the call"
+    again = store.messages_get(message)
+    assert again is None or (again.lost_calls == 0 and not again.redelivered), "its mark was taken back, not lost"

@@ -531,7 +531,7 @@ class Engine:
             works = self._took(now, state, budget, candidates, batches, paused_names)
         except BaseException:
             if marked and fence is not None:
-                for ticket in self.committer.marked_by_fetch(state.slot, fence, [sorted(marked)], None):
+                for ticket in self.committer.marked_by_fetch(state.slot, fence, [sorted(marked)], batches.remaining):
                     self.committer.withdraw(ticket)
             raise
         if not marked or fence is None:

@@ -349,11 +349,8 @@ class Lanes:
     def first_runs(self) -> tuple[tuple[str, int], ...]:
         """The calls a run of each message name timed so far would have (one for the others): what a fetch marking
         runs itself marks, as a lane would."""
-        with self._cond:
-            return tuple(
-                (name, run_length(seconds, self._mark_seconds, MAX_RUN))
-                for name, seconds in self._call_seconds.items()
-            )
+        timed = list(self._call_seconds.items())  # one step: lanes add names as they time their first calls
+        return tuple((name, run_length(seconds, self._mark_seconds, MAX_RUN)) for name, seconds in timed)
 
     def unreserve(self) -> None:
         """A fetch that was to mark calls (:meth:`reserve`) is over: its marked calls, if any, are ahead."""
