@@ -19,8 +19,10 @@ from tests.conftest import left, stop_at_teardown
 from tests.integration.test_slot_leases import leaser
 from worker.config import Mode, Settings
 from worker.correlators import Router
+from worker.db.errors import DatabaseUnavailable
 from worker.db.fetch import Fetched, FetchMark
 from worker.db.store import NewMessage, Store
+from worker.engine import engine as engine_module
 from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
 from worker.engine.leases import SlotLeaser
@@ -424,8 +426,11 @@ def test_a_run_marked_ahead_when_its_replica_dies_is_delivered_again_counted_and
 
 
 @pytest.mark.parametrize("marker", ["lane", "fetch"])
-def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_released(store: Store, marker: str) -> None:
+def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_released(
+    store: Store, marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Marked by its lane (the hint waited in the rotation) or by the fetch itself (a lane waited for work)."""
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)  # one fetch at a time marks: this one
     holder = leaser(store, "a")
     holder.run_once()
     calls: list[int] = []
@@ -663,8 +668,9 @@ def test_a_fetch_whose_term_has_ended_marks_nothing(store: Store) -> None:
 
 
 def test_work_arriving_at_an_idle_replica_is_marked_by_its_fetch_and_called_with_no_mark_of_its_own(
-    store: Store,
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)  # one fetch at a time marks: this one
     holder = leaser(store, "a")
     holder.run_once()
     calls: list[int] = []
@@ -684,14 +690,19 @@ def test_work_arriving_at_an_idle_replica_is_marked_by_its_fetch_and_called_with
     assert marks == [], "the fetch marked the call: no mark of its own before it"
 
 
+@pytest.mark.parametrize("where", ["after the answer", "before the answer"])
 def test_a_fetch_that_fails_after_marking_takes_its_marks_back_and_its_work_is_called_later_uncounted(
-    store: Store,
+    store: Store, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The fault comes after the fetch's answer (handing the work over), or before it (the statement committed,
+    then the connection failed): either way no call stays marked, and the message is called, not counted lost."""
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)
     holder = leaser(store, "a")
     holder.run_once()
     calls: list[int] = []
-    engine = engine_of(store, holder, Metrics(), calls)
-    took = engine._took
+    metrics = Metrics()
+    engine = engine_of(store, holder, metrics, calls)
+    took, fetch = engine._took, store.messages_fetch_slot
     failed: list[dict[int, str]] = []
 
     def fails_once(*args: Any) -> Any:
@@ -700,11 +711,40 @@ def test_a_fetch_that_fails_after_marking_takes_its_marks_back_and_its_work_is_c
             raise RuntimeError("a fault after the fetch")
         return took(*args)
 
-    engine._took = fails_once  # type: ignore[method-assign]
+    def answer_lost_once(*args: Any, **kwargs: Any) -> Any:
+        candidates, fetched = fetch(*args, **kwargs)
+        if not failed and fetched.marked:
+            failed.append(in_flight(store))
+            raise DatabaseUnavailable("the connection was lost after the commit")
+        return candidates, fetched
+
+    if where == "after the answer":
+        engine._took = fails_once  # type: ignore[method-assign]
+    else:
+        store.messages_fetch_slot = answer_lost_once  # type: ignore[method-assign]
     engine.start()
     message = send(store, "order-1")
     engine.wake()
     assert wait_until(lambda: calls == [message] and in_flight(store) == {})
     assert failed == [{message: "called"}], "the failed fetch had marked the call"
-    again = store.messages_get(message)
-    assert again is None or (again.lost_calls == 0 and not again.redelivered), "its mark was taken back, not lost"
+    assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0, "its mark was taken back"
+
+
+def test_a_fetch_marks_runs_as_long_as_their_first_messages_name_says(store: Store) -> None:
+    a = leaser(store, "a")
+    a.run_once()
+    first = send(store, "a-1")
+    slot = slot_of(store, first)
+    b = hint_in_slot(store, slot, "b-")
+    hint_a = [first, send(store, "a-1"), send(store, "a-1")]
+    hint_b = [send(store, b), send(store, b), send(store, b)]
+    with store.engine.begin() as connection:  # a-1: n, m, n; b: m, n, n
+        connection.execute(text("UPDATE correlation_message SET message_name = 'm' WHERE id IN (:x, :y)"),
+                           {"x": hint_a[1], "y": hint_b[0]})
+    fence = a.fence(slot)
+    assert fence is not None
+
+    fetched = _fetch_marking(store, slot, FetchMark(fence, 8, runs=(("n", 3),)))
+
+    # a-1 starts with an n: three calls, whatever their names; b starts with an m, not timed: one call
+    assert fetched.marked == {*hint_a, hint_b[0]}

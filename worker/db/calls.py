@@ -1,7 +1,8 @@
 """Statements on ``correlation_call``: correlator calls in flight, one row per call, and their outcomes.
 
 A call is *marked* before it starts: a row ``(message_id, slot, fence, holder, run_head, state)`` written under
-the slot lease's term, only while that term runs (:meth:`CallStatements.calls_mark`). The row is the call's
+the slot lease's term, only while that term runs (:meth:`CallStatements.calls_mark`, or the fetch itself for an
+idle replica's first runs: :class:`worker.db.fetch.FetchMark`). The row is the call's
 identity, and everything that ends the call compares it, so nothing depends on who wrote last::
 
     marked ──► the outcome is recorded ─────────────────────► row gone, message updated or deleted
@@ -268,6 +269,18 @@ _FLUSH_SUCCESSES_DELETE_PG = text(
     )
 )
 
+# Calls a failed fetch may have marked (see Engine._take_back_unknown_marks): this term's rows still `called`, of
+# hints the replica is not busy with, that it does not know.
+_UNMARK_UNKNOWN_PG = text(
+    """
+    DELETE FROM correlation_call c USING correlation_message m
+     WHERE c.slot = :slot AND c.fence = :fence AND c.holder = :holder AND c.state = 'called'
+       AND m.id = c.message_id AND m.correlation_hint <> ALL(CAST(:busy AS text[]))
+       AND c.message_id <> ALL(CAST(:known AS bigint[]))
+    RETURNING c.message_id
+    """
+)
+
 # Calls that were not made after all (their rows leave), and calls given up on at shutdown (kept, never blamed).
 _UNMARK_PG = text(
     """
@@ -474,6 +487,19 @@ class CallStatements(LockStatements):
                 if connection.execute(_MARK_SQLITE, params).rowcount:
                     marked.add(message_id)
         return Marked(frozenset(marked), remaining)
+
+    def calls_unmark_unknown(
+        self, slot: int, fence: Fence, known: Sequence[int], busy: Sequence[str]
+    ) -> list[int]:
+        """Delete the term's calls still ``called`` that are not ``known`` to this replica, of hints it is not
+        ``busy`` with: marks no call will follow (a fetch that marked them failed before handing them over).
+        PostgreSQL; returns their message ids."""
+        if self.dialect != "postgresql":
+            return []
+        params = {"slot": slot, "fence": fence.fence, "holder": fence.holder, "busy": text_array(busy),
+                  "known": int_array(known)}
+        rows = self._driver_statements(lambda driver: driver_rows(driver, _UNMARK_UNKNOWN_PG, params))
+        return [int(row[0]) for row in rows]
 
     # -- outcomes ---------------------------------------------------------------------------------------------
 

@@ -77,10 +77,11 @@ class Fetched:
 class FetchMark:
     """Calls a slot's fetch marks in flight itself, in its own round trip, for lanes waiting for work: the first
     run of each of the page's first ``count`` hints, under the term ``fence`` while it runs. A run is the start of
-    its hint's batch, as many calls as ``runs`` says for its message name (one for a name not in it), and ends
-    before a call already in flight, one whose name is in ``paused`` (it is parked instead) and one delivered
-    again; none is marked from the first hint whose first message was delivered again on (it is called alone,
-    and the hints before it in the page are the ones the lanes would have taken before it anyway).
+    its hint's batch, as many calls as ``runs`` says for its first message's name (one for a name not in it, as
+    a lane sizes it), and ends before a call already in flight, one whose name is in ``paused`` (it is parked
+    instead) and one delivered again; none is marked from the first hint whose first message was delivered again
+    on (it is called alone, and the hints before it in the page are the ones the lanes would have taken before it
+    anyway).
     PostgreSQL only."""
 
     fence: Fence
@@ -343,7 +344,7 @@ def _page_marking_sql(mode: Mode) -> str:
         ), runs AS MATERIALIZED (
             -- each row's place in its hint's batch, and whether its run may reach it: no call before it (nor
             -- itself) in flight, of a paused name, or delivered again after the first
-            SELECT id, page_turn, lost_calls,
+            SELECT id, page_turn, lost_calls, message_name,
                    row_number() OVER w AS place,
                    bool_or(in_flight OR message_name = ANY(CAST(%(mark_paused)s AS text[]))) OVER w AS stopped,
                    count(*) FILTER (WHERE lost_calls > 0) OVER w AS again,
@@ -352,6 +353,10 @@ def _page_marking_sql(mode: Mode) -> str:
                                     AS r(name, calls)
                               WHERE r.name = page.message_name), 1) AS run
               FROM page WINDOW w AS (PARTITION BY page_turn ORDER BY id)
+        ), heads AS (
+            -- a run is as long as its first call's name says (as a lane sizes it)
+            SELECT id, page_turn, first_value(run) OVER (PARTITION BY page_turn ORDER BY id) AS head_run
+              FROM runs
         ), turns AS (
             SELECT page_turn FROM runs
              WHERE place = 1 AND NOT stopped
@@ -362,9 +367,9 @@ def _page_marking_sql(mode: Mode) -> str:
             INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
             SELECT r.id, CAST(%(slot)s AS integer), CAST(%(mark_fence)s AS bigint), %(mark_holder)s,
                    first_value(r.id) OVER (PARTITION BY r.page_turn ORDER BY r.id), 'called'
-              FROM runs r
+              FROM runs r JOIN heads h ON h.id = r.id
              WHERE r.page_turn IN (SELECT page_turn FROM turns) AND NOT r.stopped AND r.again = 0
-               AND r.place <= r.run AND EXISTS (SELECT 1 FROM term)
+               AND r.place <= h.head_run AND EXISTS (SELECT 1 FROM term)
             ON CONFLICT (message_id) DO NOTHING
             RETURNING message_id
         )

@@ -217,7 +217,8 @@ class Committer:
     ) -> list[MarkTicket]:
         """Runs of calls a slot's fetch marked in flight itself (:class:`~worker.db.fetch.FetchMark`): this
         replica's from now on (an adoption leaves them alone), a ticket each, answered. Called by the fetching
-        thread as the fetch returns: the slot's adoptions run on that thread too, so none runs in between.
+        thread as the fetch returns: the slot's adoptions run on that thread too (unless this replica took the
+        slot again meanwhile, under a new term: an adoption then may count them as lost, as a crash would).
         A ticket whose calls are not made after all is withdrawn (:meth:`withdraw`): its marks are taken back."""
         now = self._monotonic()
         tickets = []
@@ -314,6 +315,11 @@ class Committer:
         for message_id in ids:
             if self._in_flight.get(message_id) == fence:
                 del self._in_flight[message_id]
+
+    def in_flight_under(self, fence: Fence) -> list[int]:
+        """The calls this replica marked under this term and has not settled."""
+        with self._cond:
+            return [message_id for message_id, term in self._in_flight.items() if term == fence]
 
     def in_flight(self) -> Container[int]:
         """Calls this replica marked and has not settled (their marks are its own business, whatever the term): a

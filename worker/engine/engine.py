@@ -162,6 +162,8 @@ class _Slot:
     fetching: bool = False  # a fetcher is on it
     asked: float = float("inf")  # the soonest fetch asked for while a fetch was under way (it must not be lost)
     notified_at: float = float("-inf")  # monotonic: the last wake-up saying messages arrived in the slot
+    # A fetch that may have marked calls failed before handing them over: they are taken back before the next one
+    unknown_marks: bool = False
 
     def want(self, at: float) -> None:
         """Fetch no later than ``at`` (a fetch under way keeps this for when it ends)."""
@@ -222,6 +224,8 @@ class Engine:
         self.high_water = max(4, 2 * settings.poll.concurrency)
         self.low_water = self.high_water // 2
         self.interval = settings.poll.interval.total_seconds()
+        # A fetch marks calls only with its term safe for longer than any call may take.
+        self._call_timeout = settings.longest_handler_timeout()[0].total_seconds()
         self.stall_after = max(STALL_AFTER, 3 * self.interval)
         # Read when scraped: what the lanes and slots are doing now.
         self.metrics.busy_lanes.set_function(self.lanes.busy_lanes)
@@ -262,6 +266,9 @@ class Engine:
         for work in self.lanes.stop_taking_work():
             self.lanes.settle(work)
         self.lanes.wait_for_calls(grace)
+        for thread in self._threads:  # a fetch under way ends first: marks it takes back reach the committer
+            if thread.name.startswith("fetcher-"):
+                thread.join(timeout=10)
         self.committer.stop()
         for thread in self._threads:
             thread.join(timeout=10)
@@ -419,6 +426,8 @@ class Engine:
         started = self._monotonic()
         adopted = 0
         try:
+            if state.unknown_marks:
+                self._take_back_unknown_marks(state)
             if not state.adopted or (state.fence is not None and started >= state.adopt_again_at):
                 adopted = self._adopt(state)
                 state.adopt_again_at = started + max(self.interval, ADOPT_SWEEP)
@@ -445,6 +454,25 @@ class Engine:
         with self._cond:
             state.wanted_at = self._monotonic() + state.delay
             state.delay = min(ERROR_MAX, state.delay * 2)
+
+    def _take_back_unknown_marks(self, state: _Slot) -> None:
+        """Delete the calls a failed fetch may have marked and never handed over (its statement may have committed
+        before the failure reached it): the rows of this term, `called`, of hints this replica is not busy with,
+        that the committer does not know. A lane marks only busy hints' calls, and only this thread makes a hint
+        of the slot busy, so none of those rows is a call that is made or will be; left, they would keep their
+        messages in flight until the term ends, then be counted lost."""
+        if state.fence is not None:
+            with self._cond:
+                busy = [work.hint for work in self._busy.values() if work.slot == state.slot]
+            taken_back = self.store.calls_unmark_unknown(
+                state.slot, state.fence, self.committer.in_flight_under(state.fence), busy
+            )
+            if taken_back:
+                logger.warning(
+                    "slot %s: %d call(s) marked by a fetch that failed were never made; their marks are taken back",
+                    state.slot, len(taken_back), extra={"slot": state.slot},
+                )
+        state.unknown_marks = False
 
     def _adopt(self, state: _Slot) -> int:
         """Count the calls ended terms of the slot left in flight (this replica's own earlier terms included,
@@ -500,16 +528,24 @@ class Engine:
             passed_over = overdue(self._pins, now, self.settings.order.max_wait.total_seconds())
         # Lanes waiting for work: the fetch marks the first calls for them itself (one round trip fewer before
         # each call when work arrives at an idle replica).
-        free = self.lanes.reserve() if state.fence is not None else 0
+        # Only with the term safe for longer than a call may take (as a lane checks before marking).
+        free = 0
+        if (
+            state.fence is not None and self.store.dialect == "postgresql"
+            and self.slot_source.safe_for(state.slot, state.fence) > self._call_timeout
+        ):
+            free = self.lanes.reserve()
         try:
             mark = None
             if free and state.fence is not None:
                 mark = FetchMark(state.fence, free, tuple(paused_names), self.lanes.first_runs())
+                state.unknown_marks = True  # until the fetch's answer says what it marked
             candidates, batches = self.store.messages_fetch_slot(
                 state.slot, state.cursor, budget, per_hint=self.per_hint, limit=self.page_size,
                 mode=self.settings.policy.mode, skip=skip,
                 passed_over=[(pin.after, pin.holder) for pin in passed_over], mark=mark,
             )
+            state.unknown_marks = False
             self._submit(now, state, budget, candidates, batches, paused_names)
         finally:
             if free:
@@ -542,6 +578,14 @@ class Engine:
             run = list(itertools.takewhile(lambda message: message.id in marked, work.pending))
             if run:
                 runs.append([message.id for message in run])
+            # A call marked past one that was not (its row inserted meanwhile by another session): the hint's work
+            # ends before it for now, so that no lane marks it again before its mark is taken back.
+            cut = next((index for index, message in enumerate(work.pending) if index >= len(run)
+                        and message.id in marked), None)
+            if cut is not None:
+                while len(work.pending) > cut:
+                    work.pending.pop()
+                work.again = True
         strays = sorted(marked - {message_id for run in runs for message_id in run})
         tickets = self.committer.marked_by_fetch(state.slot, fence, [*runs, strays], batches.remaining)
         self.committer.withdraw(tickets.pop())

@@ -11,8 +11,10 @@ makes only the calls that were marked, in order, and stops at the first that was
 paused or deleted meanwhile). A run is one call for correlators slower than a mark and several for fast ones
 (:func:`worker.policy.batching.run_length`). While every lane calls, a lane starting its run has the next run
 of the rotation's front *marked ahead* (at most one per lane, never for a message to call alone): the first
-lane free takes it and calls at once, so that lanes do not wait for a write between two runs. A replica dying
-meanwhile leaves that run marked, delivered again by its successor as a run under way would be::
+lane free takes it and calls at once, so that lanes do not wait for a write between two runs. When every lane
+waits for work, the fetch marks the first runs itself, in its own round trip (:meth:`Lanes.reserve`,
+:class:`worker.db.fetch.FetchMark`), and they go ahead the same way. A replica dying meanwhile leaves such a run
+marked, delivered again by its successor as a run under way would be::
 
     lane:    ask mark A ── wait ── call A ─────────────── call B ─────────── call C ...
     marker:            write A ┘└ write B (asked ahead) └ write C (asked ahead)
@@ -308,8 +310,8 @@ class Lanes:
     # -- the rotation ---------------------------------------------------------------------------------------
 
     def submit(self, works: Sequence[HintWork], marked: Mapping[int, MarkTicket] | None = None) -> None:
-        """Put fetched hints at the end of the rotation; a hint whose first call the fetch marked itself (``marked``,
-        by message id) goes ahead, that call its run, to the lane waiting for it."""
+        """Put fetched hints at the end of the rotation; a hint whose first run the fetch marked itself (``marked``,
+        by its first message's id) goes ahead, that run marked, to the lane waiting for it."""
         if not works:
             return
         with self._cond:
@@ -332,14 +334,14 @@ class Lanes:
     def reserve(self) -> int:
         """How many first calls a fetch may mark itself: every lane, when all of them wait for work (work arrives
         at an idle replica, and its first calls then wait for no mark of their own); else none. A busy replica
-        marks runs as its lanes take them, or ahead of them, as long as its calls make them. Fetches of two slots
-        at once may both mark: a run then waits for the first lane free, as a run marked ahead does.
+        marks runs as its lanes take them, or ahead of them, as long as its calls make them. One fetch at a time
+        marks (the lanes' runs marked ahead stay at about one per lane).
 
         Past zero the gate stays shut to a message to call alone until :meth:`unreserve` (after the fetch's
         :meth:`submit`): a call marked beside it would be counted lost, and its crash not told from its own."""
         with self._cond:
             if (
-                self._stopping or self._hung or self._rotation or self._ahead
+                self._stopping or self._hung or self._rotation or self._ahead or self._fetches_marking
                 or any(lane.work is not None for lane in self._lanes)
             ):
                 return 0
