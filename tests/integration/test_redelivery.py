@@ -748,3 +748,22 @@ def test_a_fetch_marks_runs_as_long_as_their_first_messages_name_says(store: Sto
 
     # a-1 starts with an n: three calls, whatever their names; b starts with an m, not timed: one call
     assert fetched.marked == {*hint_a, hint_b[0]}
+
+
+def test_a_message_delivered_again_waits_at_the_gate_while_a_fetch_may_mark_calls(store: Store) -> None:
+    """A fetch marking runs for idle lanes holds the gate: the lone call starts once its runs are ahead (or none)."""
+    dead = leaser(store, "dead")
+    dead.run_once()
+    lost = send(store, "lost-1")
+    slot = slot_of(store, lost)
+    die_with_calls(store, dead, slot, run_of(lost))
+    heir = take_over(store, Metrics(), slot)
+    calls: list[int] = []
+    engine = engine_of(store, heir, Metrics(), calls)
+    engine._start_parts()  # the lanes, idle, and no fetch yet
+    assert engine.lanes.reserve() > 0, "a fetch may mark calls for the idle lanes"
+    engine.start()
+    assert wait_until(lambda: engine.lanes._alone_waiting == 1), "the message delivered again waits at the gate"
+    assert calls == []
+    engine.lanes.unreserve()  # the fetch handed its work over
+    assert wait_until(lambda: calls == [lost])

@@ -342,7 +342,7 @@ class Lanes:
         with self._cond:
             if (
                 self._stopping or self._hung or self._rotation or self._ahead or self._fetches_marking
-                or any(lane.work is not None for lane in self._lanes)
+                or not self._lanes or any(lane.work is not None for lane in self._lanes)
             ):
                 return 0
             self._fetches_marking += 1
