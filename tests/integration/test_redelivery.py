@@ -45,6 +45,16 @@ def engine_of(store: Store, slots: SlotLeaser, metrics: Metrics, calls: list[int
     return engine
 
 
+def idle_engine(
+    store: Store, monkeypatch: pytest.MonkeyPatch, calls: list[int], metrics: Metrics | None = None
+) -> Engine:
+    """An engine of one fetcher (one fetch at a time marks: the test's) holding every slot, its lanes idle."""
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)
+    holder = leaser(store, "a")
+    holder.run_once()
+    return engine_of(store, holder, metrics or Metrics(), calls)
+
+
 def hint_in_slot(store: Store, slot: int, prefix: str) -> str:
     """A hint (starting with ``prefix``) whose messages fall into this slot."""
     with store.engine.connect() as connection:
@@ -430,11 +440,8 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_releas
     store: Store, marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Marked by its lane (the hint waited in the rotation) or by the fetch itself (a lane waited for work)."""
-    monkeypatch.setattr(engine_module, "FETCHERS", 1)  # one fetch at a time marks: this one
-    holder = leaser(store, "a")
-    holder.run_once()
     calls: list[int] = []
-    engine = engine_of(store, holder, Metrics(), calls)
+    engine = idle_engine(store, monkeypatch, calls)
     marked, go = threading.Event(), threading.Event()
     if marker == "lane":
         engine.lanes.reserve = lambda: 0  # type: ignore[method-assign]  # as if no lane were free at the fetch
@@ -670,11 +677,8 @@ def test_a_fetch_whose_term_has_ended_marks_nothing(store: Store) -> None:
 def test_work_arriving_at_an_idle_replica_is_marked_by_its_fetch_and_called_with_no_mark_of_its_own(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_module, "FETCHERS", 1)  # one fetch at a time marks: this one
-    holder = leaser(store, "a")
-    holder.run_once()
     calls: list[int] = []
-    engine = engine_of(store, holder, Metrics(), calls)
+    engine = idle_engine(store, monkeypatch, calls)
     marks: list[object] = []
     calls_mark = store.calls_mark
 
@@ -696,12 +700,9 @@ def test_a_fetch_that_fails_after_marking_takes_its_marks_back_and_its_work_is_c
 ) -> None:
     """The fault comes after the fetch's answer (handing the work over), or before it (the statement committed,
     then the connection failed): either way no call stays marked, and the message is called, not counted lost."""
-    monkeypatch.setattr(engine_module, "FETCHERS", 1)
-    holder = leaser(store, "a")
-    holder.run_once()
     calls: list[int] = []
     metrics = Metrics()
-    engine = engine_of(store, holder, metrics, calls)
+    engine = idle_engine(store, monkeypatch, calls, metrics)
     took, fetch = engine._took, store.messages_fetch_slot
     failed: list[dict[int, str]] = []
 

@@ -344,7 +344,7 @@ def _page_marking_sql(mode: Mode) -> str:
         ), runs AS MATERIALIZED (
             -- each row's place in its hint's batch, and whether its run may reach it: no call before it (nor
             -- itself) in flight, of a paused name, or delivered again after the first
-            SELECT id, page_turn, lost_calls, message_name,
+            SELECT id, page_turn, lost_calls,
                    row_number() OVER w AS place,
                    bool_or(in_flight OR message_name = ANY(CAST(%(mark_paused)s AS text[]))) OVER w AS stopped,
                    count(*) FILTER (WHERE lost_calls > 0) OVER w AS again,

@@ -546,30 +546,23 @@ class Engine:
                 passed_over=[(pin.after, pin.holder) for pin in passed_over], mark=mark,
             )
             state.unknown_marks = False
-            self._submit(now, state, budget, candidates, batches, paused_names)
+            try:
+                works = self._took(now, state, budget, candidates, batches, paused_names)
+            except BaseException:
+                if batches.marked and state.fence is not None:  # no call of them is made: their marks go
+                    runs = [sorted(batches.marked)]
+                    for ticket in self.committer.marked_by_fetch(state.slot, state.fence, runs, batches.remaining):
+                        self.committer.withdraw(ticket)
+                raise
+            self._submit(state, works, batches)
         finally:
             if free:
                 self.lanes.unreserve()
 
-    def _submit(
-        self,
-        now: float,
-        state: _Slot,
-        budget: int,
-        candidates: Candidates,
-        batches: Fetched,
-        paused_names: dict[str, int],
-    ) -> None:
+    def _submit(self, state: _Slot, works: list[HintWork], batches: Fetched) -> None:
         """Hand a fetch's work to the lanes, the runs it marked (if any) ahead; a call it marked that starts no
         hint's work (its row unreadable, say) has its mark taken back."""
         marked, fence = batches.marked, state.fence
-        try:
-            works = self._took(now, state, budget, candidates, batches, paused_names)
-        except BaseException:
-            if marked and fence is not None:
-                for ticket in self.committer.marked_by_fetch(state.slot, fence, [sorted(marked)], batches.remaining):
-                    self.committer.withdraw(ticket)
-            raise
         if not marked or fence is None:
             self.lanes.submit(works)
             return
