@@ -731,6 +731,37 @@ def test_a_fetch_that_fails_after_marking_takes_its_marks_back_and_its_work_is_c
     assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0, "its mark was taken back"
 
 
+def test_a_lanes_mark_whose_answer_is_lost_is_taken_back_and_its_call_made_later_uncounted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lane's own mark commits, then the connection fails before its answer: the lane does not call, and takes
+    the mark back before its hint is free again; the message is called at a later fetch, not counted lost (a
+    call row of the term left behind would hold it back until the term ended, then be counted)."""
+    calls: list[int] = []
+    metrics = Metrics()
+    engine = idle_engine(store, monkeypatch, calls, metrics)
+    monkeypatch.setattr(engine.lanes, "reserve", lambda: 0)  # no fetch marks: the lane marks its run itself
+    calls_mark = store.calls_mark
+    failed: list[dict[int, str]] = []
+
+    def answer_lost_once(requests: Any) -> Any:
+        marked = calls_mark(requests)
+        if not failed:
+            failed.append(in_flight(store))
+            raise DatabaseUnavailable("the connection was lost after the commit")
+        return marked
+
+    store.calls_mark = answer_lost_once  # type: ignore[method-assign]
+    engine.start()
+    message = send(store, "order-1")
+    engine.wake()
+    assert wait_until(lambda: calls == [message] and in_flight(store) == {})
+    assert failed == [{message: "called"}], "the failed mark had been written"
+    assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0, "its mark was taken back"
+    record = store.messages_get(message)
+    assert record is not None and record.lost_calls == 0
+
+
 def test_a_fetch_marks_runs_as_long_as_their_first_messages_name_says(store: Store) -> None:
     a = leaser(store, "a")
     a.run_once()

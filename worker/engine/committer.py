@@ -96,7 +96,8 @@ class Latch:
 class MarkTicket:
     """Calls waiting for their marks: :meth:`wait` gives the seconds left of the lease once they are written,
     or None when no call may start (the term ended, the replica stops, or the database cannot be written);
-    :attr:`marked` then says which calls were marked (the others must not be made)."""
+    :attr:`marked` then says which calls were marked (the others must not be made). A write that failed
+    (:attr:`unsure`) may have committed before its answer was lost: its calls are to be unmarked."""
 
     committer: Committer | None
     slot: int
@@ -110,6 +111,7 @@ class MarkTicket:
     seconds: float = 0.0  # how long the marks took to be written
     withdrawn: bool = False
     by_fetch: bool = False  # written by the fetch that read the calls (see Committer.marked_by_fetch)
+    unsure: bool = False  # the write failed: it may have committed all the same (its answer lost)
 
     def answer(self, remaining: float | None, marked: frozenset[int], now: float) -> None:
         self.remaining = remaining
@@ -281,6 +283,7 @@ class Committer:
                 self._marking -= 1
                 for request in requests:
                     self._forget(request.fence, request.ids())
+                    request.unsure = True
                     request.answer(None, frozenset(), now)
             return
         now = self._monotonic()

@@ -581,7 +581,10 @@ class Lanes:
     def _run_marked(self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket) -> None:
         """Make a run's calls once its marks are written (asked for by this lane, or ahead by another)."""
         if ticket.wait() is None:  # term over, stopping, or the database not writable now
-            self._give_back(work, "its slot's lease is gone")
+            if ticket.unsure:  # the marks may be written all the same: taken back before the hint is free
+                lane.unmark.extend(run)  # (a call row of this term no one makes would be counted lost later)
+                self._hand_over(lane, work)
+            self._give_back(work, "its calls could not be marked" if ticket.unsure else "its slot's lease is gone")
             return
         if not ticket.by_fetch:  # a fetch's mark costs its fetch nearly nothing: it says nothing of a mark's time
             self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
