@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import random
+import struct
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 import pytest
 
+from worker.db.base import UnreadableJson, json_loads
 from worker.db.rows import decode_row, freeze
 from worker.message import Message, MessageState, slot_constructor
 from worker.policy.outcomes import Disposition, Kind, succeeded
@@ -57,6 +61,49 @@ def test_payloads_are_frozen_all_the_way_down() -> None:
     with pytest.raises(TypeError):
         frozen["a"] = 1  # type: ignore[index]
     assert freeze("text") == "text" and freeze([]) == ()
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        '{"order": 123456789012345678901234567890}',  # past 64 bits: orjson would give a float
+        "[-9223372036854775809, 18446744073709551616]",
+        '{"id": "1234567890123456789"}',  # 19 digits in a string: Python's decoder, the same value
+        '"\\ud800 a lone surrogate"',
+        "[1e400, -1e400]",
+    ],
+)
+def test_json_that_orjson_would_read_otherwise_is_read_as_python_reads_it(document: str) -> None:
+    assert json_loads(document) == json.loads(document)
+    assert json_loads(document.encode("utf-8", "surrogatepass")) == json.loads(document)
+
+
+def test_json_is_read_as_python_reads_it() -> None:
+    rng = random.Random(7)
+    numbers = [struct.unpack("d", rng.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(2000)]
+    finite = [number for number in numbers if number == number and abs(number) != float("inf")]
+    documents = [
+        json.dumps({"amount": 5, "items": [1, {"sku": "x"}], "ok": True, "none": None, "text": "ünï\u2028\n"}),
+        json.dumps(finite),
+        json.dumps([rng.randint(-(2**63), 2**63 - 1) for _ in range(500)]),
+        "[0.1, -0.0, 1E2, 5e-324, 1.7976931348623157e308, 2.2250738585072014e-308]",
+        '{"a": 1, "a": 2}',
+    ]
+    for document in documents:
+        read, python = json_loads(document), json.loads(document)
+        assert read == python
+        assert [type(x) for x in read] == [type(x) for x in python]  # 1 stays an int, 1E2 a float
+
+
+def test_json_nested_deeper_than_python_reads_is_unreadable_not_an_error() -> None:
+    assert isinstance(json_loads("[" * 100_000 + "]" * 100_000), UnreadableJson)
+
+
+def test_a_payload_is_frozen_in_place_not_copied() -> None:
+    decoded = {"flat": 1, "nested": {"b": [1]}}
+    frozen = freeze(decoded)
+    assert frozen == MappingProxyType({"flat": 1, "nested": MappingProxyType({"b": (1,)})})
+    assert decoded["nested"] is frozen["nested"]  # the decoded object itself, wrapped
 
 
 def test_the_constructor_refuses_a_class_it_could_not_make_as_its_init_would() -> None:

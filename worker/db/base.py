@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
 import psycopg
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -126,13 +127,30 @@ class UnreadableJson(str):
     """A JSON document the worker could not decode (nested deeper than Python reads), shown as this text."""
 
 
+# Integers of 19 digits or more: orjson reads those past 64 bits as floats (losing digits), Python as integers.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+_LONG_DIGITS_TEXT = re.compile(r"\d{19}")
+
+
 def json_loads(data: bytes | str) -> Any:
     """``json.loads`` for the UTF-8 text PostgreSQL sends, minus its encoding sniffing.
+
+    orjson decodes it (a payload in a sixth of the time, on every message fetched), and Python's decoder
+    whatever orjson would read otherwise than Python: a document with a run of 19 digits (an integer past 64
+    bits becomes a float in orjson) and one orjson refuses (a lone surrogate, a number past a double's range,
+    nesting past 1 024 levels). Both give the same values for everything else: dicts, lists, str, int, float
+    (correctly rounded alike), bool and None.
 
     A document nested deeper than Python's decoder goes (the database takes it) would fail the whole query
     that reads it; it reads as an :class:`UnreadableJson` instead, so that listing a table never fails on one
     row (the engine decodes payloads itself and dead-letters such a message with the reason).
     """
+    long_digits = _LONG_DIGITS.search(data) if isinstance(data, bytes) else _LONG_DIGITS_TEXT.search(data)
+    if long_digits is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
     text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data
     try:
         return _JSON_DECODER.decode(text)
@@ -244,9 +262,11 @@ def int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-def text_array(values: Iterable[str]) -> str:
-    """A text array as PostgreSQL's literal (``{"a","b"}``), cast by the statement (see :func:`int_array`)."""
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+def text_array(values: Iterable[str | None]) -> str:
+    """A text array as PostgreSQL's literal (``{"a","b",NULL}``), cast by the statement (see :func:`int_array`)."""
+    return "{" + ",".join(
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
+    ) + "}"
 
 
 class StoreBase:

@@ -534,7 +534,7 @@ class CallStatements(LockStatements):
             "ids": int_array(d.message_id for _, d in done),
             "slots": int_array(w.slot for w, _ in done),
             "fences": int_array(w.fence.fence for w, _ in done if w.fence is not None),
-            "results": [d.result for _, d in done],
+            "results": text_array(d.result for _, d in done),
             "by": self.finished_by,
         }
         marked, locked, present = (set(ids) for ids in driver_rows(driver, statement, params)[0])

@@ -32,16 +32,20 @@ _EMPTY: MappingProxyType[str, Any] = MappingProxyType({})
 
 
 def freeze(value: Any) -> Any:
-    """Decoded JSON made read-only: objects as read-only mappings, arrays as tuples (scalars as they are)."""
+    """Decoded JSON made read-only: objects as read-only mappings, arrays as tuples (scalars as they are).
+
+    ``value`` is freshly decoded, held by no one else: an object's nested values are frozen in place and the
+    object itself is wrapped, not copied (a payload is frozen on every message fetched)."""
     kind = type(value)
     if kind in _FLAT:
         return value
     if kind is dict and not value:
         return _EMPTY
     if isinstance(value, dict):
-        return MappingProxyType(
-            {key: item if type(item) in _FLAT else freeze(item) for key, item in value.items()}
-        )
+        for key, item in value.items():
+            if type(item) not in _FLAT:
+                value[key] = freeze(item)  # a value replaced, no key added: the iteration stays valid
+        return MappingProxyType(value)
     if isinstance(value, list):
         return tuple(item if type(item) in _FLAT else freeze(item) for item in value)
     return value

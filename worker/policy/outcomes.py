@@ -203,6 +203,8 @@ RESULT_LIMIT = 2000
 
 def result_of(value: object) -> str | None:
     """A successful call's answer as bounded JSON text (None when it gave none); never raises."""
+    if value is None or value is True:  # most calls: no answer, and no ABC check for it
+        return None
     if isinstance(value, Result):
         value = value.value
     elif not isinstance(value, Mapping):
