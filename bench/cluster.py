@@ -505,12 +505,12 @@ def verify(
         raise SystemExit(f"verification failed: slots {moved} changed hands (or lapsed) during the drain")
 
 
-def measure_floor(driver: PostgresDriver, messages: int, hints: int, page_size: int) -> float:
+def measure_floor(driver: PostgresDriver, messages: int, hints: int, page_size: int, *, record: bool = False) -> float:
     """drain.py's floor on the same rows: msgs/s of SELECT id, name, hint, payload, headers ... LIMIT page;
-    DELETE ... = ANY; COMMIT."""
+    DELETE ... = ANY; COMMIT (``record``: an UPDATE making them delivery records instead of the DELETE)."""
     driver.insert(messages, hints)
     started = time.perf_counter()
-    drained = driver.drain_floor(page_size)
+    drained = driver.record_floor(page_size) if record else driver.drain_floor(page_size)
     seconds = time.perf_counter() - started
     if drained != messages:
         raise SystemExit(f"the floor loop drained {drained} of {messages} messages")
