@@ -329,14 +329,17 @@ class Committer:
         live view, not a copy (an adoption looks up the few calls it finds)."""
         return self._in_flight.keys()
 
-    def record(self, outcomes: Outcomes) -> None:
-        """Queue a run's outcomes; they are written within a few milliseconds."""
+    def record(self, outcomes: Outcomes, *, now: bool = False) -> None:
+        """Queue a run's outcomes; they are written within a few milliseconds (``now``: with no group window,
+        for a call made alone, which no other call may follow until its outcome is written)."""
         outcomes.queued_at = self._monotonic()
         with self._cond:
             self._queued.append(outcomes)
             # The first queued sets when the recorder flushes (a group window later); with others queued before
             # it, the recorder already waits for the first one's window (or writes, or backs off after a failure).
-            if len(self._queued) == 1:
+            if now:
+                self._queued[0].queued_at = min(self._queued[0].queued_at, outcomes.queued_at - GROUP_WINDOW)
+            if len(self._queued) == 1 or now:
                 self._cond.notify_all()
 
     def idle(self) -> bool:

@@ -748,7 +748,7 @@ class Lanes:
             work.slot, work.fence, done, lambda ended: self._recorded(work, ended), unmark=unmark, abandon=abandon
         )
         lane.handed = outcomes
-        self.committer.record(outcomes)
+        self.committer.record(outcomes, now=self._alone is lane)  # the gate stays shut until it is written
 
     def _give_back(self, work: HintWork, why: str, *, again: bool = False) -> None:
         """Make no more calls of this hint now (the messages not called stay as they are, for later);
