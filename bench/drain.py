@@ -275,31 +275,6 @@ class SqliteDriver:
                 return drained
             drained += len(ids)
 
-    def record_floor(self, page_size: int) -> int:
-        """The floor of the default retention (P7D): each page read as a correlator needs it and made its
-        delivery records (one UPDATE setting what the worker's record sets), committed; until none is left."""
-        drained, last = 0, 0
-        while True:
-            with self.connection.transaction():
-                cursor = self.connection.execute(
-                    "SELECT id, message_name, correlation_hint, payload, headers FROM correlation_message"
-                    " WHERE id > %s ORDER BY id LIMIT %s",
-                    (last, page_size),
-                )
-                ids = [row[0] for row in cursor]
-                if ids:
-                    self.connection.execute(
-                        "UPDATE correlation_message SET state = 'delivered', outcome = 'correlated',"
-                        " finished_at = now(), finished_by = 'floor', payload = '{}', headers = '{}',"
-                        " expires_at = NULL, next_attempt_at = NULL, pause_id = NULL, lost_calls = 0,"
-                        " crashed_calls = 0 WHERE id = ANY(%s)",
-                        (ids,),
-                    )
-            if not ids:
-                return drained
-            drained += len(ids)
-            last = ids[-1]
-
     def purge(self) -> None:
         self.connection.execute("DELETE FROM correlation_message")
 

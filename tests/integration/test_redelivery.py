@@ -694,6 +694,20 @@ def test_work_arriving_at_an_idle_replica_is_marked_by_its_fetch_and_called_with
     assert marks == [], "the fetch marked the call: no mark of its own before it"
 
 
+def called_later_uncounted(
+    store: Store, engine: Engine, calls: list[int], metrics: Metrics, failed: list[dict[int, str]]
+) -> int:
+    """Start the engine, send one message, and check that its marks failed once (written, as ``failed`` saw
+    them), were taken back, and that it was called once later, not counted lost; its id."""
+    engine.start()
+    message = send(store, "order-1")
+    engine.wake()
+    assert wait_until(lambda: calls == [message] and in_flight(store) == {})
+    assert failed == [{message: "called"}], "the failed write had marked the call"
+    assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0, "its mark was taken back"
+    return message
+
+
 @pytest.mark.parametrize("where", ["after the answer", "before the answer"])
 def test_a_fetch_that_fails_after_marking_takes_its_marks_back_and_its_work_is_called_later_uncounted(
     store: Store, where: str, monkeypatch: pytest.MonkeyPatch
@@ -723,12 +737,7 @@ def test_a_fetch_that_fails_after_marking_takes_its_marks_back_and_its_work_is_c
         engine._took = fails_once  # type: ignore[method-assign]
     else:
         store.messages_fetch_slot = answer_lost_once  # type: ignore[method-assign]
-    engine.start()
-    message = send(store, "order-1")
-    engine.wake()
-    assert wait_until(lambda: calls == [message] and in_flight(store) == {})
-    assert failed == [{message: "called"}], "the failed fetch had marked the call"
-    assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0, "its mark was taken back"
+    called_later_uncounted(store, engine, calls, metrics, failed)
 
 
 def test_a_lanes_mark_whose_answer_is_lost_is_taken_back_and_its_call_made_later_uncounted(
@@ -752,12 +761,7 @@ def test_a_lanes_mark_whose_answer_is_lost_is_taken_back_and_its_call_made_later
         return marked
 
     store.calls_mark = answer_lost_once  # type: ignore[method-assign]
-    engine.start()
-    message = send(store, "order-1")
-    engine.wake()
-    assert wait_until(lambda: calls == [message] and in_flight(store) == {})
-    assert failed == [{message: "called"}], "the failed mark had been written"
-    assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0, "its mark was taken back"
+    message = called_later_uncounted(store, engine, calls, metrics, failed)
     record = store.messages_get(message)
     assert record is not None and record.lost_calls == 0
 
