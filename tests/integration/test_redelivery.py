@@ -35,11 +35,15 @@ def in_flight(store: Store) -> dict[int, str]:
     return {row["message_id"]: row["state"] for row in store.calls_in_flight()}
 
 
-def engine_of(store: Store, slots: SlotLeaser, metrics: Metrics, calls: list[int], **policy: object) -> Engine:
+def engine_of(
+    store: Store, slots: SlotLeaser, metrics: Metrics, calls: list[int], concurrency: int = 8, **policy: object
+) -> Engine:
     def handler(message: Message) -> None:
         calls.append(message.id)
 
-    settings = Settings(poll={"interval": "PT1S"}, policy=policy, metrics={"enabled": False})
+    settings = Settings(
+        poll={"interval": "PT1S", "concurrency": concurrency}, policy=policy, metrics={"enabled": False}
+    )
     engine = Engine(store, Router({"*": handler}), settings, slots, metrics, slots.holder)
     stop_at_teardown(lambda: engine.stop(grace=0))
     return engine
@@ -803,3 +807,42 @@ def test_a_message_delivered_again_waits_at_the_gate_while_a_fetch_may_mark_call
     assert calls == []
     engine.lanes.unreserve()  # the fetch handed its work over
     assert wait_until(lambda: calls == [lost])
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_runs_a_fetch_marked_reach_a_lane_while_the_other_lanes_wait_at_the_gate_behind_a_lone_call(
+    store: Store, concurrency: int
+) -> None:
+    """A fetch marking runs for idle lanes hands them over while every lane holds a hint at the gate (one to call
+    alone, waiting for runs to end; the others waiting for it): a lane steps aside to make the marked runs, or the
+    gate waits for them for ever (a replica taking over slots stalled until they were handed back). With one
+    lane, the lone call's own lane steps aside."""
+    dead = leaser(store, "dead")
+    dead.run_once()
+    lost = send(store, "lost-1")
+    slot = slot_of(store, lost)
+    fresh = [send(store, hint_in_slot(store, slot, f"fresh-{n}-")) for n in range(12)]
+    die_with_calls(store, dead, slot, run_of(lost))
+    heir = take_over(store, Metrics(), slot)
+    calls: list[int] = []
+    engine = engine_of(store, heir, Metrics(), calls, concurrency)
+    lanes = engine.lanes
+    engine._start_parts()  # the lanes, idle, and no fetch yet
+    assert lanes.reserve() > 0, "a fetch may mark calls for the idle lanes"
+    engine.start()
+
+    def all_at_the_gate() -> bool:
+        with lanes._cond:
+            return lanes._alone_waiting == 1 and len(lanes._rotation) > 0 and all(
+                lane.work is not None and not lane.admitted for lane in lanes._lanes
+            )
+
+    assert wait_until(all_at_the_gate), "the lone call and a hint per other lane wait at the gate"
+    with lanes._cond:  # the marking fetch hands a hint over with its first run marked
+        work = lanes._rotation.popleft()
+        ticket = engine.committer.mark_ahead(work.slot, work.fence, [work.pending[0].id])
+    lanes.submit([work], {work.pending[0].id: ticket})
+    lanes.unreserve()
+    assert wait_until(lambda: sorted(calls) == sorted([lost, *fresh]) and in_flight(store) == {}), (
+        f"called {len(calls)} of {1 + len(fresh)}"
+    )

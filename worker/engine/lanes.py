@@ -22,6 +22,7 @@ marked, delivered again by its successor as a run under way would be::
 A message already lost once (its replica died during its call) is called *alone*: its lane waits until no
 other lane is in a run, other lanes wait until its call is over and its mark says so no more (its outcome
 written, or its call marked returned when another session holds its row: that session delays its hint only).
+Runs marked ahead are past that gate: a lane waiting at it steps aside to make them when no other lane would.
 Should the replica die again during that call, the death is attributable to the message, which is how a
 poison message is told from the innocent ones that happened to run beside it
 (:func:`worker.policy.outcomes.settle_lost_call`).
@@ -325,6 +326,8 @@ class Lanes:
                         run = [work.pending.popleft() for _ in ticket.calls]
                         self._ahead.append(_Ahead(work, run, ticket))
                 self._work_ready.notify(len(works))
+                if self._ahead and self._alone_waiting:  # lanes at the gate step aside for them
+                    self._cond.notify_all()
                 return
         for ticket in (marked or {}).values():  # fetched while the replica stops: marks taken back, hints let go
             self.committer.withdraw(ticket)
@@ -497,7 +500,7 @@ class Lanes:
             return
         wants_alone = run[0].redelivered
         alone = self._admit(lane, wants_alone)
-        if alone is None:  # stopping
+        if alone is None:  # stopping, or stepping aside for runs marked ahead: the hint goes back to the rotation
             work.pending.extendleft(reversed(run))
             return
         lane.handed = None
@@ -530,27 +533,41 @@ class Lanes:
         """Wait at the gate: a lane calling a message alone runs with no other lane admitted.
 
         Returns whether the run is alone in the replica (a call given up on after its timeout may still be
-        running: then nothing is alone), or None when the replica stops meanwhile.
+        running: then nothing is alone), or None when the replica stops meanwhile or the lane steps aside.
+
+        Runs marked ahead (a fetch's, handed over while lanes waited here) are past the gate, and a lone call
+        waits for them to end: a lane waiting here steps aside to make them when no other lane would (the others
+        all wait here too), else the gate would wait for them for ever.
         """
         with self._cond:
             if wants_alone:
                 self._alone_waiting += 1
+                aside = False
                 try:
                     while not self._stopping and (self._alone is not None or self._in_runs()):
+                        if self._ahead and self._alone is None and not self._other_lanes(lane):
+                            aside = True
+                            break
                         self._cond.wait(0.5)
                 finally:
                     self._alone_waiting -= 1
-                if self._stopping:
+                if self._stopping or aside:  # the lanes it held at the gate go on
                     self._cond.notify_all()
                     return None
                 self._alone = lane
             else:
                 while not self._stopping and (self._alone is not None or self._alone_waiting):
+                    if self._ahead and self._alone is None:
+                        return None
                     self._cond.wait(0.5)
                 if self._stopping:
                     return None
             lane.admitted = True
             return wants_alone and self._hung == 0
+
+    def _other_lanes(self, lane: _Lane) -> bool:
+        """Under the lock: another lane that may take work (not given up on)."""
+        return any(other is not lane and not other.abandoned for other in self._lanes)
 
     def _leave(self, lane: _Lane) -> None:
         with self._cond:
