@@ -809,20 +809,21 @@ def test_a_message_delivered_again_waits_at_the_gate_while_a_fetch_may_mark_call
     assert wait_until(lambda: calls == [lost])
 
 
-@pytest.mark.parametrize("concurrency", [1, 8])
+@pytest.mark.parametrize(("concurrency", "lone"), [(8, 1), (1, 1), (4, 4)])
 def test_runs_a_fetch_marked_reach_a_lane_while_the_other_lanes_wait_at_the_gate_behind_a_lone_call(
-    store: Store, concurrency: int
+    store: Store, concurrency: int, lone: int
 ) -> None:
-    """A fetch marking runs for idle lanes hands them over while every lane holds a hint at the gate (one to call
-    alone, waiting for runs to end; the others waiting for it): a lane steps aside to make the marked runs, or the
-    gate waits for them for ever (a replica taking over slots stalled until they were handed back). With one
-    lane, the lone call's own lane steps aside."""
+    """A fetch marking runs for idle lanes hands them over while every lane holds a hint at the gate (``lone`` of
+    them to call alone, waiting for runs to end; the others waiting for them): a lane steps aside to make the
+    marked runs, or the gate waits for them for ever (a replica taking over slots stalled until they were handed
+    back). When every lane holds a message to call alone, one of those lanes steps aside."""
     dead = leaser(store, "dead")
     dead.run_once()
-    lost = send(store, "lost-1")
-    slot = slot_of(store, lost)
-    fresh = [send(store, hint_in_slot(store, slot, f"fresh-{n}-")) for n in range(12)]
-    die_with_calls(store, dead, slot, run_of(lost))
+    first = send(store, "a-lost-1")  # the rotation goes by hint: these first
+    slot = slot_of(store, first)
+    lost = [first, *(send(store, hint_in_slot(store, slot, f"a-lost-{n}-")) for n in range(2, lone + 1))]
+    fresh = [send(store, hint_in_slot(store, slot, f"b-fresh-{n}-")) for n in range(12)]
+    die_with_calls(store, dead, slot, [call for message in lost for call in run_of(message)])
     heir = take_over(store, Metrics(), slot)
     calls: list[int] = []
     engine = engine_of(store, heir, Metrics(), calls, concurrency)
@@ -833,16 +834,16 @@ def test_runs_a_fetch_marked_reach_a_lane_while_the_other_lanes_wait_at_the_gate
 
     def all_at_the_gate() -> bool:
         with lanes._cond:
-            return lanes._alone_waiting == 1 and len(lanes._rotation) > 0 and all(
+            return lanes._alone_waiting == min(lone, concurrency) and len(lanes._rotation) > 0 and all(
                 lane.work is not None and not lane.admitted for lane in lanes._lanes
             )
 
-    assert wait_until(all_at_the_gate), "the lone call and a hint per other lane wait at the gate"
+    assert wait_until(all_at_the_gate), "the lone calls and a hint per other lane wait at the gate"
     with lanes._cond:  # the marking fetch hands a hint over with its first run marked
         work = lanes._rotation.popleft()
         ticket = engine.committer.mark_ahead(work.slot, work.fence, [work.pending[0].id])
     lanes.submit([work], {work.pending[0].id: ticket})
     lanes.unreserve()
-    assert wait_until(lambda: sorted(calls) == sorted([lost, *fresh]) and in_flight(store) == {}), (
-        f"called {len(calls)} of {1 + len(fresh)}"
+    assert wait_until(lambda: sorted(calls) == sorted([*lost, *fresh]) and in_flight(store) == {}), (
+        f"called {len(calls)} of {len(lost) + len(fresh)}"
     )

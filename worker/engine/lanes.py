@@ -536,8 +536,9 @@ class Lanes:
         running: then nothing is alone), or None when the replica stops meanwhile or the lane steps aside.
 
         Runs marked ahead (a fetch's, handed over while lanes waited here) are past the gate, and a lone call
-        waits for them to end: a lane waiting here steps aside to make them when no other lane would (the others
-        all wait here too), else the gate would wait for them for ever.
+        waits for them to end: a lane waiting here steps aside to make them, else the gate could wait for them for
+        ever. A lane waiting for the others steps aside at once; one of those waiting to call alone, only when
+        every lane does (one is enough, and the others keep their turn).
         """
         with self._cond:
             if wants_alone:
@@ -545,7 +546,7 @@ class Lanes:
                 aside = False
                 try:
                     while not self._stopping and (self._alone is not None or self._in_runs()):
-                        if self._ahead and self._alone is None and not self._other_lanes(lane):
+                        if self._ahead and self._alone is None and self._alone_waiting >= self._live_lanes():
                             aside = True
                             break
                         self._cond.wait(0.5)
@@ -565,9 +566,9 @@ class Lanes:
             lane.admitted = True
             return wants_alone and self._hung == 0
 
-    def _other_lanes(self, lane: _Lane) -> bool:
-        """Under the lock: another lane that may take work (not given up on)."""
-        return any(other is not lane and not other.abandoned for other in self._lanes)
+    def _live_lanes(self) -> int:
+        """Under the lock: the lanes that may take work (not given up on)."""
+        return sum(1 for lane in self._lanes if not lane.abandoned)
 
     def _leave(self, lane: _Lane) -> None:
         with self._cond:
