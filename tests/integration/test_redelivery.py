@@ -822,12 +822,25 @@ def test_runs_a_fetch_marked_reach_a_lane_while_the_other_lanes_wait_at_the_gate
     first = send(store, "a-lost-1")  # the rotation goes by hint: these first
     slot = slot_of(store, first)
     lost = [first, *(send(store, hint_in_slot(store, slot, f"a-lost-{n}-")) for n in range(2, lone + 1))]
-    fresh = [send(store, hint_in_slot(store, slot, f"b-fresh-{n}-")) for n in range(12)]
+    fresh = [send(store, hint_in_slot(store, slot, f"b-fresh-{n}-")) for n in range(30)]
     die_with_calls(store, dead, slot, [call for message in lost for call in run_of(message)])
     heir = take_over(store, Metrics(), slot)
     calls: list[int] = []
     engine = engine_of(store, heir, Metrics(), calls, concurrency)
     lanes = engine.lanes
+    beside: dict[int, int] = {}  # message → the most calls seen running beside its own (as it starts, 10 ms on)
+
+    def running_beside() -> int:
+        with lanes._cond:
+            return lanes._running_calls() - 1
+
+    def handler(message: Message) -> None:
+        first = running_beside()
+        time.sleep(0.01)
+        beside[message.id] = max(first, running_beside())
+        calls.append(message.id)
+
+    lanes.router = Router({"*": handler})
     engine._start_parts()  # the lanes, idle, and no fetch yet
     assert lanes.reserve() > 0, "a fetch may mark calls for the idle lanes"
     engine.start()
@@ -847,3 +860,4 @@ def test_runs_a_fetch_marked_reach_a_lane_while_the_other_lanes_wait_at_the_gate
     assert wait_until(lambda: sorted(calls) == sorted([*lost, *fresh]) and in_flight(store) == {}), (
         f"called {len(calls)} of {len(lost) + len(fresh)}"
     )
+    assert [beside[message] for message in lost] == [0] * len(lost), "each lost message called alone"
