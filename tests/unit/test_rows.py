@@ -123,3 +123,17 @@ def test_the_constructor_refuses_a_class_it_could_not_make_as_its_init_would() -
         slot_constructor(Checked, 1)
     with pytest.raises(TypeError):
         slot_constructor(Listed, 1)
+
+
+def test_a_statements_driver_sql_is_its_own_even_when_a_statement_read_before_was_freed() -> None:
+    """The placeholders' translation is kept per statement text: kept per object id, a statement built after an
+    earlier one was freed could get the address, and then the SQL, of that one (a test built the fetch's statement
+    for a few hints left out, and the next fetch's statement for many ran it)."""
+    from sqlalchemy import text
+
+    from worker.db.base import driver_sql
+
+    for n in range(200):
+        statement = text(f"SELECT :a{n} AS b{n}")
+        assert driver_sql(statement) == f"SELECT %(a{n})s AS b{n}"
+        del statement

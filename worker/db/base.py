@@ -237,15 +237,18 @@ def build_engine(settings: DatabaseSettings) -> Engine:
     )
 
 
-_DRIVER_SQL: dict[int, str] = {}
+_DRIVER_SQL: dict[str, str] = {}
 
 
 def driver_sql(statement: TextClause) -> str:
-    """A text statement's SQL with psycopg's ``%(name)s`` placeholders instead of ``:name``."""
-    sql = _DRIVER_SQL.get(id(statement))
+    """A text statement's SQL with psycopg's ``%(name)s`` placeholders instead of ``:name``.
+
+    Kept per statement text (a string keeps its hash: the lookup costs no more than by ``id``), never per object:
+    an object's id is taken again by a later one once it is freed, which would then run the earlier SQL."""
+    source = statement.text
+    sql = _DRIVER_SQL.get(source)
     if sql is None:
-        sql = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", statement.text.replace("%", "%%"))
-        _DRIVER_SQL[id(statement)] = sql
+        sql = _DRIVER_SQL[source] = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", source.replace("%", "%%"))
     return sql
 
 
