@@ -127,8 +127,8 @@ def test_the_constructor_refuses_a_class_it_could_not_make_as_its_init_would() -
 
 def test_a_statements_driver_sql_is_its_own_even_when_a_statement_read_before_was_freed() -> None:
     """The placeholders' translation is kept per statement text: kept per object id, a statement built after an
-    earlier one was freed could get the address, and then the SQL, of that one (a test built the fetch's statement
-    for a few hints left out, and the next fetch's statement for many ran it)."""
+    earlier one was freed could get the address, and then the SQL, of that one (in full runs of the suite, the
+    plan read for the fetch's statement for many hints left out was the plan of the one for a few)."""
     from sqlalchemy import text
 
     from worker.db.base import driver_sql
