@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from worker.db.store import NewMessage, Store
 from worker.engine import engine as engine_module
 from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
+from worker.engine.lanes import HintWork
 from worker.engine.leases import SlotLeaser
 from worker.message import Message, MessageState
 from worker.service.metrics import Metrics
@@ -861,3 +863,58 @@ def test_runs_a_fetch_marked_reach_a_lane_while_the_other_lanes_wait_at_the_gate
         f"called {len(calls)} of {len(lost) + len(fresh)}"
     )
     assert [beside[message] for message in lost] == [0] * len(lost), "each lost message called alone"
+
+
+def test_a_run_a_fetch_marked_while_stuck_calls_came_to_hold_every_lane_is_unmarked_and_its_hint_let_go(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch reserves marking while the lanes are idle; by the time it hands its run over, stuck calls hold every
+    lane. No lane would make the run, and its call would stay marked until a stuck call returns or the replica is
+    restarted (as health asks), then be counted lost though never made: its mark is taken back and its hint let
+    go, to be fetched and called once a lane is free."""
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)
+    holder = leaser(store, "a")
+    holder.run_once()
+    first = send(store, "stuck-0")
+    slot = slot_of(store, first)
+    fence = holder.fence(slot)
+    # Two lanes, two stuck calls: the lane replacing the first one given up on finds nothing to take, and no
+    # call is given up on after the second (which lets go of any run then ahead)
+    stuck = [first, send(store, hint_in_slot(store, slot, "stuck-1-"))]
+    release = threading.Event()
+    calls: list[int] = []
+    engine = engine_of(store, holder, Metrics(), calls, 2, handler_timeout="PT0.3S")
+    lanes = engine.lanes
+
+    def handler(message: Message) -> None:
+        calls.append(message.id)
+        if message.id in stuck:
+            release.wait(30)
+
+    lanes.router = Router({"*": handler})
+    stop_at_teardown(release.set)  # before the engine stops: finalizers run in reverse order
+    engine._start_parts()  # the lanes, idle, and no fetch yet
+    assert lanes.reserve() > 0, "a fetch may mark calls for the idle lanes"
+    engine.start()  # its own fetch marks nothing while that one may
+    assert wait_until(lanes.exhausted), "stuck calls hold both lanes (no fetch runs from now on)"
+
+    # What the marking fetch read meanwhile: a hint of the same slot, its first run marked
+    late_hint = hint_in_slot(store, slot, "late-")
+    late = send(store, late_hint)
+    message = store.messages_get(late)
+    assert message is not None and fence is not None
+    work = HintWork(late_hint, slot, fence, deque([message]), cut=False, fetched_at=time.monotonic())
+    with engine._cond:
+        engine._busy[late_hint] = work
+    ticket = engine.committer.mark_ahead(slot, fence, [late])
+    assert ticket.done.wait(5) and ticket.marked == {late} and late in in_flight(store)
+    lanes.submit([work], {late: ticket})
+    lanes.unreserve()
+    assert wait_until(lambda: late not in in_flight(store)), "the run no lane can make is unmarked"
+    assert not lanes._ahead and work.finished, "its hint let go"
+
+    release.set()  # the stuck calls return: a lane is free
+    assert wait_until(lambda: late in calls and in_flight(store) == {}), "the late message called once a lane is free"
+    assert calls.count(late) == 1
+    record = store.messages_get(late)
+    assert record is not None and record.lost_calls == 0

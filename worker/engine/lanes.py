@@ -315,12 +315,22 @@ class Lanes:
         by its first message's id) goes ahead, that run marked, to the lane waiting for it."""
         if not works:
             return
+        let_go: list[HintWork] = []
         with self._cond:
             if not self._stopping:
                 for work in works:
                     ticket = marked.get(work.pending[0].id) if marked and work.pending else None
                     if ticket is None:
                         self._rotation.append(work)
+                    elif self._hung >= self.concurrency:
+                        # Stuck calls came to hold every lane while the fetch marked (it reserved with none stuck):
+                        # no lane would make the run, and its calls would stay marked, to be counted lost at the
+                        # restart health asks for. Its marks are taken back and the hint let go, as when the last
+                        # lane got stuck with runs ahead (_give_up).
+                        self.committer.withdraw(ticket)
+                        work.pending.clear()
+                        work.again = True
+                        let_go.append(work)
                     else:
                         work.running = True
                         run = [work.pending.popleft() for _ in ticket.calls]
@@ -328,10 +338,11 @@ class Lanes:
                 self._work_ready.notify(len(works))
                 if self._ahead and self._alone_waiting:  # lanes at the gate step aside for them
                     self._cond.notify_all()
-                return
-        for ticket in (marked or {}).values():  # fetched while the replica stops: marks taken back, hints let go
-            self.committer.withdraw(ticket)
-        for work in works:
+            else:
+                for ticket in (marked or {}).values():  # fetched while the replica stops: marks taken back
+                    self.committer.withdraw(ticket)
+                let_go = list(works)
+        for work in let_go:  # outside the lock: a hint's work ending reaches the engine
             self.settle(work)
 
     def reserve(self) -> int:
