@@ -55,8 +55,10 @@ from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database, migrate
 from latency import percentile
 from latency import run as latency_run
 
+import worker
 from worker.db.store import normalise_url
 
+BENCH_TREE = Path(__file__).resolve().parent.parent
 CALL_MS = 10.0
 SLOW_LANES = 32
 
@@ -186,6 +188,15 @@ def print_table(rows: Sequence[Row]) -> None:
               f"{row.ratio:<5} |")
 
 
+def _worker_source() -> str:
+    """Where the measured worker comes from: the benchmark's git revision says nothing of an install made from
+    another tree (two revisions are compared each from its own install)."""
+    package = Path(worker.__file__).resolve().parent
+    if package.is_relative_to(BENCH_TREE):
+        return "this tree (an editable install)"
+    return f"the install at {package.parent}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--url", default=os.environ.get(URL_ENV, LOCAL_SERVER), help="PostgreSQL server or database")
@@ -221,8 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     version = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).parent, check=False).stdout.strip()
     print_table(rows)
-    print(f"\nrevision {version or '?'}, {os.cpu_count()} CPUs, PostgreSQL on {url.split('@')[-1]}, "
-          f"real `correlation-worker run` processes{' (--quick: not figures to quote)' if args.quick else ''}")
+    print(f"\nbench/ at revision {version or '?'}, the worker from {_worker_source()}, {os.cpu_count()} CPUs, "
+          f"PostgreSQL on {url.split('@')[-1]}, real `correlation-worker run` processes"
+          f"{' (--quick: not figures to quote)' if args.quick else ''}")
     if args.json:
         print(json.dumps([asdict(row) for row in rows]))
     return 0
