@@ -1,9 +1,16 @@
-"""Metrics hygiene: bounded message-name labels, no *_created series, the standard process collectors."""
+"""Metrics hygiene: bounded message-name labels, no *_created series, the standard process collectors; an endpoint
+that costs an idle replica next to nothing."""
 
 from __future__ import annotations
 
+import time
+import urllib.request
+
+import pytest
+import uvicorn
 from prometheus_client import generate_latest
 
+from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import OTHER, Metrics, NameLabels, top_names
 
 
@@ -67,3 +74,30 @@ def test_database_errors_are_counted_by_kind() -> None:
         return metrics.registry.get_sample_value("correlation_database_errors_total", {"kind": kind}) or 0.0
 
     assert [count(kind) for kind in ("timeout", "unavailable", "refused", "other")] == [2, 1, 2, 2]
+
+
+def test_the_endpoints_server_wakes_once_a_second_when_idle_and_stops_at_once_when_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn's loop looks ten times a second whether it should exit; each look takes the interpreter's lock from
+    the threads fetching and calling. The endpoint's looks once a second, serves all the same, and a close wakes it."""
+    ticks: list[float] = []
+    on_tick = uvicorn.Server.on_tick
+
+    async def counted(server: uvicorn.Server, counter: int) -> bool:
+        ticks.append(time.monotonic())
+        return await on_tick(server, counter)
+
+    monkeypatch.setattr(uvicorn.Server, "on_tick", counted)
+    endpoint = Endpoint("127.0.0.1", 0, Metrics(), Heartbeat(), 60.0, lambda: None)
+    try:
+        time.sleep(2.2)
+        idle = len(ticks)
+        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5) as response:
+            assert response.status == 200 and b"correlation_messages_total" in response.read()
+    finally:
+        closing = time.monotonic()
+        endpoint.close()
+        closed = time.monotonic() - closing
+    assert 2 <= idle <= 4, f"{idle} looks in 2.2 s (uvicorn's own loop: about 22)"
+    assert closed < 0.9, f"closing took {closed:.2f} s: the close did not wake the loop"

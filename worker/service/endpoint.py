@@ -13,6 +13,7 @@ handed to uvicorn. The console (:mod:`worker.admin.api` under ``/api/v1``, :mod:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
@@ -135,6 +136,37 @@ def application(routes: Sequence[BaseRoute], console: bool = False) -> Starlette
     return Starlette(routes=list(routes), exception_handlers={404: not_found, 405: not_found})
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, its main loop waking once a second, and at once when asked to stop (:meth:`stop`).
+
+    uvicorn's own loop wakes ten times a second to see whether it should exit (and refreshes the ``Date`` header
+    every tenth time). Each wake-up takes the interpreter's lock from the threads fetching and calling: an idle
+    replica spent 0.4 % of a core on it, a replica at full drain about a microsecond per message."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864_000  # a tenth tick each time: the Date header refreshed every second
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            should_exit = await self.on_tick(counter)
+
+    def stop(self) -> None:
+        """Ask the server to stop, from any thread."""
+        self.should_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped already
+                loop.call_soon_threadsafe(wake.set)
+
+
 class Endpoint:
     """The HTTP server of a replica (uvicorn on a thread of its own), stopped with :meth:`close`."""
 
@@ -162,7 +194,7 @@ class Endpoint:
             timeout_graceful_shutdown=2,
             server_header=False,
         )
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
         self._thread = threading.Thread(target=self._serve, name="endpoint", daemon=True)
         self._failure: BaseException | None = None
         self._thread.start()
@@ -190,6 +222,6 @@ class Endpoint:
 
     def close(self) -> None:
         """Stop serving."""
-        self._server.should_exit = True
+        self._server.stop()
         self._thread.join(timeout=STOP_TIMEOUT)
         self._socket.close()
