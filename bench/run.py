@@ -16,7 +16,8 @@ Figures (PostgreSQL; a throwaway database as in drain.py, unless ``--url`` names
    one replica); references: drain.py's raw-SQL floors on the same rows, select+delete and select+record (each
    row made its delivery record, what a success writes at the default retention); the same drain again with
    ``CORRELATION_DELIVERY__RETENTION=PT0S`` (successes deleted) against select+delete; with the process's CPU
-   per message at defaults.
+   per message at defaults; and the drain at defaults against the same with ``CORRELATION_METRICS__ENABLED=false``
+   (no endpoint: successes counted from the delivery records), what the metrics cost.
 4. **cold start**: 20 000 messages over 1 000 hints already in the table, from starting the process to the
    table empty (default settings but the initial delay, PT0S).
 5. **scale**: 20 000 no-op messages drained by 1, 2 and 4 replicas (``cluster.py``); reference: one replica.
@@ -43,6 +44,8 @@ from pathlib import Path
 
 import storm
 from cluster import (
+    METRICS_ENABLED,
+    RETENTION,
     Replica,
     measure_floor,
     run_cluster,
@@ -73,7 +76,6 @@ class Row:
     ratio: str = ""
 
 
-RETENTION = "CORRELATION_DELIVERY__RETENTION"
 
 
 def _args(**values: object) -> argparse.Namespace:
@@ -114,6 +116,7 @@ def drain_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, s
     figures = run_cluster(url, driver, 1, args, log_dir)
     driver.purge()  # its records: the next drain starts from a table as fresh as this one's
     deleting = run_cluster(url, driver, 1, _args(**{**vars(args), "settings": {RETENTION: "PT0S"}}), log_dir)
+    quiet = run_cluster(url, driver, 1, _args(**{**vars(args), "settings": {METRICS_ENABLED: "false"}}), log_dir)
     drain = f"no-op drain, {messages:,} msgs, page 1 000, from release"
     rows = [
         Row(drain, f"{figures.rate:,.0f} msgs/s", f"select+delete floor {floor:,.0f} msgs/s",
@@ -124,10 +127,15 @@ def drain_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, s
         Row("  the same drain, successes deleted (DELIVERY__RETENTION=PT0S)", f"{deleting.rate:,.0f} msgs/s",
             f"select+delete floor {floor:,.0f} msgs/s", f"{deleting.rate / floor:.2f}"),
     ]
-    cpu = figures.members[0].cpu_seconds
+    cpu, quiet_cpu = figures.members[0].cpu_seconds, quiet.members[0].cpu_seconds
     if cpu is not None:
         rows.append(Row("CPU per message of the worker process, no-op drain", f"{cpu / messages * 1e6:.1f} µs",
                         "", ""))
+    on_cpu = f", {cpu / messages * 1e6:.1f} µs/msg" if cpu is not None else ""
+    off_cpu = f", {quiet_cpu / messages * 1e6:.1f} µs/msg" if quiet_cpu is not None else ""
+    rows.append(Row("  what the metrics cost: the drain at defaults (endpoint on, scraped at the end)",
+                    f"{figures.rate:,.0f} msgs/s{on_cpu}", f"METRICS__ENABLED=false {quiet.rate:,.0f} msgs/s{off_cpu}",
+                    f"{figures.rate / quiet.rate:.2f}"))
     return rows
 
 
