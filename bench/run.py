@@ -76,8 +76,6 @@ class Row:
     ratio: str = ""
 
 
-
-
 def _args(**values: object) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
