@@ -211,7 +211,7 @@ def replicas_running(count: int, url: str, args: argparse.Namespace, log_dir: Pa
     try:
         for number in range(1, count + 1):
             name = f"cluster-{count}x-{number}"
-            env = worker_env(url, name, args.page_size, args.concurrency, getattr(args, "settings", None))
+            env = worker_env(url, name, args.page_size, args.concurrency, args.settings)
             replicas.append(Replica(name, env, log_dir))
         yield replicas
     finally:
@@ -565,6 +565,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     args = parser.parse_args(argv)
+    args.settings = None  # CORRELATION_ variables of run.py's rows; this command runs the benchmark's own
     if args.messages < 1 or args.hints < 1 or args.page_size < 1 or args.concurrency < 1:
         parser.error("--messages, --hints, --page-size and --concurrency must be at least 1")
     return args
