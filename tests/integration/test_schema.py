@@ -261,6 +261,71 @@ def test_messages_that_break_the_name_rules_before_the_upgrade_are_made_dead_wit
     store.close()
 
 
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_an_operator_deletes_the_messages_the_upgrade_made_dead_and_their_records_are_kept(
+    dialect: str, empty_pg_url: str, tmp_path: Path
+) -> None:
+    """Revision 0008 made such messages dead and told operators to delete them: a delete while records are kept
+    turns each into its record, an update, which must not be refused by the rule its name or hint breaks."""
+    from alembic import command
+
+    from worker.config import DatabaseSettings
+    from worker.db.base import MessageFilter, build_engine
+    from worker.db.schema import alembic_config
+    from worker.message import MessageState
+
+    url = empty_pg_url if dialect == "postgresql" else f"sqlite:///{tmp_path / 'old.db'}"
+    engine = build_engine(DatabaseSettings(url=url))
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0007")
+        for name, hint in (("order.paid ", "o-1"), ("n", "\u202eh"), ("n", "  "), ("order.paid", "o-2")):
+            connection.execute(
+                text("INSERT INTO correlation_message (message_name, correlation_hint) VALUES (:n, :h)"),
+                {"n": name, "h": hint},
+            )
+    store = Store(engine)
+    store.schema_migrate()
+    assert store.keep_records
+    assert store.messages_delete(MessageFilter(state=MessageState.DEAD), by="ops") == 3
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT correlation_hint, state, outcome, finished_by FROM correlation_message ORDER BY id")
+        ).all()
+    assert [tuple(row) for row in rows] == [
+        ("o-1", "delivered", "deleted", "ops"), ("\u202eh", "delivered", "deleted", "ops"),
+        ("  ", "delivered", "deleted", "ops"), ("o-2", "ready", None, None),
+    ]
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "hint", "constraint"),
+    [
+        ("order.paid ", "o-1", "correlation_message_name_no_blank_at_either_end"),
+        ("order\tpaid", "o-1", "correlation_message_name_printable"),
+        ("order.paid", "   ", "correlation_message_hint_not_blank"),
+        ("order.paid", "o\u2066-1", "correlation_message_hint_printable"),
+    ],
+)
+def test_a_row_inserted_as_a_record_or_brought_back_to_life_is_held_to_the_name_rules(
+    conn: Connection, name: str, hint: str, constraint: str
+) -> None:
+    """A record's update skips the rules (its name and hint were checked as a message); a row inserted as a
+    record, or a record made a live message again, is still refused under the rule's name."""
+    columns, values = ", state, outcome, finished_at", ", 'delivered', 'correlated', CURRENT_TIMESTAMP"
+    rejected(conn, constraint, columns=columns, values=values, name=name, hint=hint)
+    insert(conn, columns, values)  # a record whose name and hint keep the rules is taken
+    with pytest.raises(IntegrityError) as info, conn.begin():
+        conn.execute(
+            text(
+                "UPDATE correlation_message SET message_name = :name, correlation_hint = :hint, state = 'ready',"
+                " outcome = NULL, finished_at = NULL"
+            ),
+            {"name": name, "hint": hint},
+        )
+    assert constraint in str(info.value.orig)
+
+
 def test_a_message_inserted_paused_under_a_pause_that_does_not_exist_is_refused(conn: Connection) -> None:
     rejected(conn, "correlation_message_pause_exists", columns=", state, pause_id", values=", 'paused', 424242")
     insert(conn, ", state", ", 'paused'")  # paused by hand, no pause: resumed by hand

@@ -1,0 +1,3 @@
+-- correlation-worker schema, revision 0011, SQLite: nothing changes. The PostgreSQL revision lets a delivery
+-- record's update skip the name and hint rules; SQLite keeps checking them (rewriting its table definition for
+-- that would cost more than the check).
