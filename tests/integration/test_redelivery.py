@@ -6,6 +6,7 @@ its term is ended in the database (no waiting for clocks), then another replica 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -14,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from tests.conftest import left, stop_at_teardown
 from tests.integration.test_slot_leases import leaser
@@ -661,6 +662,63 @@ def test_a_fetchs_run_ends_before_a_call_in_flight_a_paused_name_and_a_message_d
     # again (called alone); d: its first one was, and no hint from there on is marked, e included.
     assert fetched.marked == {ids["a-1"][0], ids[b][0], ids[c][0]}
     assert set(_calls(store)) == fetched.marked | {ids["a-1"][1]}
+
+
+def _rows_through_plan(node: dict[str, Any]) -> float:
+    """Every row each node of an EXPLAIN ANALYZE plan produced, over all its loops, summed over the tree."""
+    own = float(node.get("Actual Rows", 0)) * float(node.get("Actual Loops", 1))
+    return own + sum(_rows_through_plan(child) for child in node.get("Plans", ()))
+
+
+def test_a_fetch_that_marks_does_work_in_proportion_to_its_page(store: Store) -> None:
+    """The statement's plan, from auto_explain, counts the rows its nodes produced: a few dozen per row of the page
+    (about 30 here). A run's length joined back to the page's rows was computed again for every row: the page's
+    size squared (about 1 200 per row here)."""
+    a = leaser(store, "a")
+    a.run_once()
+    slot = slot_of(store, send(store, "a-1"))
+    with store.engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO correlation_message (message_name, correlation_hint)"
+            " SELECT 'n', h FROM (SELECT 'h-' || i AS h FROM generate_series(1, 100000) AS i"
+            "                      WHERE ((hashtext('h-' || i) % 64) + 64) % 64 = :slot LIMIT 300) AS hints"
+            " CROSS JOIN generate_series(1, 2)"
+        ), {"slot": slot})
+    fence = a.fence(slot)
+    assert fence is not None
+    plans: list[dict[str, Any]] = []
+
+    def explain(diagnostic: psycopg.errors.Diagnostic) -> None:
+        message = diagnostic.message_primary or ""
+        if "plan:" in message and "INSERT INTO correlation_call" in message:
+            plans.append(json.loads(message.split("plan:", 1)[1])["Plan"])
+
+    def explained(driver: psycopg.Connection[Any], _record: object) -> None:
+        try:
+            driver.execute("LOAD 'auto_explain'")
+        except psycopg.errors.InsufficientPrivilege:
+            driver.rollback()
+            return
+        for setting in ("log_min_duration = 0", "log_analyze = on", "log_format = json", "log_level = notice"):
+            driver.execute(f"SET auto_explain.{setting}")
+        driver.commit()
+        driver.add_notice_handler(explain)
+
+    store.engine.dispose()
+    event.listen(store.engine, "connect", explained)
+    try:
+        _, fetched = store.messages_fetch_slot(
+            slot, "", 1000, per_hint=100, limit=1000, mode=Mode.FAIL_FIRST, mark=FetchMark(fence, 8)
+        )
+    finally:
+        event.remove(store.engine, "connect", explained)
+        store.engine.dispose()
+    if not plans:
+        pytest.skip("auto_explain cannot be loaded here (it needs a superuser)")
+    page = len(fetched.messages)
+    assert page >= 500 and len(fetched.marked) == 8
+    assert len(plans) == 1
+    assert _rows_through_plan(plans[0]) < 60 * page, plans[0]
 
 
 def test_a_fetch_whose_term_has_ended_marks_nothing(store: Store) -> None:
