@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 
 from worker.config import Mode
-from worker.db.base import Fence, StoreBase, driver_rows, driver_sql, int_array, text_array
+from worker.db.base import PREPARED, Fence, StoreBase, driver_rows, driver_sql, int_array, text_array
 from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
 from worker.message import Message
@@ -433,12 +433,12 @@ def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list
     """
     with driver.cursor(binary=True) as cursor:
         if not (_PIPELINE and driver.autocommit):
-            return cursor.execute(sql, params).fetchall()  # type: ignore[no-any-return]
+            return cursor.execute(sql, params, prepare=PREPARED).fetchall()  # type: ignore[no-any-return]
         try:
             with driver.pipeline():
                 driver.execute("BEGIN")
                 driver.execute(_GENERIC_PLAN)
-                cursor.execute(sql, params)
+                cursor.execute(sql, params, prepare=PREPARED)
                 driver.execute("COMMIT")
         except Exception:
             if driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -554,12 +554,12 @@ class FetchStatements(StoreBase):
             if _PIPELINE and driver.autocommit:
                 # One exchange: the statements up to the pipeline's sync run as one transaction.
                 with driver.pipeline():
-                    clock.execute(driver_sql(statement), params)
-                    page.execute(page_sql, params)
+                    clock.execute(driver_sql(statement), params, prepare=PREPARED)
+                    page.execute(page_sql, params, prepare=PREPARED)
             else:  # a libpq without pipelines: the same statements, a round trip each
                 with driver.transaction():
-                    clock.execute(driver_sql(statement), params)
-                    page.execute(page_sql, params)
+                    clock.execute(driver_sql(statement), params, prepare=PREPARED)
+                    page.execute(page_sql, params, prepare=PREPARED)
             candidates = _candidates_of(clock.fetchall())
             rows = page.fetchall()
         if not marking:
