@@ -253,7 +253,7 @@ def driver_sql(statement: TextClause) -> str:
 
 
 # The worker's own statements, run by the driver (the marks, the flushes, the fetches), are prepared at their first
-# run on a connection, not at psycopg's fifth (its default threshold): planning each until then took 6-16 % of the
+# run on a connection, not at psycopg's fifth (its default threshold): planning each until then took 5-15 % of the
 # server's statement time in a drain (pg_stat_statements with track_planning), most with several replicas, whose
 # connections each run a statement fewer times. Only fixed statements: a text made from values would fill the
 # connection's cache of prepared statements (psycopg keeps its 100 latest), and DDL of several statements in one

@@ -422,6 +422,8 @@ def _statement(dialect: str, name: str, variant: object, build: Callable[[], Tex
 # The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone.
 _PIPELINE = psycopg.Pipeline.is_supported()
 _GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
+# The same for the statements of a pipeline without BEGIN, where SET LOCAL works but warns at each run.
+_GENERIC_PLANS = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list[Any]:
     """The rows of a statement run with its generic plan, in one round trip and a transaction of its own (so
@@ -554,6 +556,7 @@ class FetchStatements(StoreBase):
             if _PIPELINE and driver.autocommit:
                 # One exchange: the statements up to the pipeline's sync run as one transaction.
                 with driver.pipeline():
+                    driver.execute(_GENERIC_PLANS)  # the slot's statement's too: made at every run otherwise
                     clock.execute(driver_sql(statement), params, prepare=PREPARED)
                     page.execute(page_sql, params, prepare=PREPARED)
             else:  # a libpq without pipelines: the same statements, a round trip each
