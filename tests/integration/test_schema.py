@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -226,27 +226,35 @@ def test_a_schedule_row_with_such_a_name_is_refused_by_its_rule(
     assert rule in str(info.value.orig), info.value
 
 
-@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
-def test_messages_that_break_the_name_rules_before_the_upgrade_are_made_dead_with_the_rule(
-    dialect: str, empty_pg_url: str, tmp_path: Path
-) -> None:
+def migrated_from_0007(url: str, rows: Sequence[tuple[str, str]]) -> Store:
+    """A store on a database at revision 0007 (before the name rules) holding these (name, hint) messages, then
+    migrated to the newest revision."""
     from alembic import command
 
     from worker.config import DatabaseSettings
     from worker.db.base import build_engine
     from worker.db.schema import alembic_config
 
-    url = empty_pg_url if dialect == "postgresql" else f"sqlite:///{tmp_path / 'old.db'}"
     engine = build_engine(DatabaseSettings(url=url))
     with engine.begin() as connection:
         command.upgrade(alembic_config(connection), "0007")
-        for name, hint in (("order.paid ", "o-1"), ("order.paid", "o-2"), ("n", "\u202eh"), ("n", "  ")):
+        for name, hint in rows:
             connection.execute(
                 text("INSERT INTO correlation_message (message_name, correlation_hint) VALUES (:n, :h)"),
                 {"n": name, "h": hint},
             )
     store = Store(engine)
     store.schema_migrate()
+    return store
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_messages_that_break_the_name_rules_before_the_upgrade_are_made_dead_with_the_rule(
+    dialect: str, empty_pg_url: str, tmp_path: Path
+) -> None:
+    url = empty_pg_url if dialect == "postgresql" else f"sqlite:///{tmp_path / 'old.db'}"
+    store = migrated_from_0007(url, [("order.paid ", "o-1"), ("order.paid", "o-2"), ("n", "\u202eh"), ("n", "  ")])
+    engine = store.engine
     with engine.connect() as connection:
         rows = connection.execute(
             text("SELECT correlation_hint, state, last_error FROM correlation_message ORDER BY id")
@@ -267,24 +275,12 @@ def test_an_operator_deletes_the_messages_the_upgrade_made_dead_and_their_record
 ) -> None:
     """Revision 0008 made such messages dead and told operators to delete them: a delete while records are kept
     turns each into its record, an update, which must not be refused by the rule its name or hint breaks."""
-    from alembic import command
-
-    from worker.config import DatabaseSettings
-    from worker.db.base import MessageFilter, build_engine
-    from worker.db.schema import alembic_config
+    from worker.db.base import MessageFilter
     from worker.message import MessageState
 
     url = empty_pg_url if dialect == "postgresql" else f"sqlite:///{tmp_path / 'old.db'}"
-    engine = build_engine(DatabaseSettings(url=url))
-    with engine.begin() as connection:
-        command.upgrade(alembic_config(connection), "0007")
-        for name, hint in (("order.paid ", "o-1"), ("n", "\u202eh"), ("n", "  "), ("order.paid", "o-2")):
-            connection.execute(
-                text("INSERT INTO correlation_message (message_name, correlation_hint) VALUES (:n, :h)"),
-                {"n": name, "h": hint},
-            )
-    store = Store(engine)
-    store.schema_migrate()
+    store = migrated_from_0007(url, [("order.paid ", "o-1"), ("n", "\u202eh"), ("n", "  "), ("order.paid", "o-2")])
+    engine = store.engine
     assert store.keep_records
     assert store.messages_delete(MessageFilter(state=MessageState.DEAD), by="ops") == 3
     with engine.connect() as connection:
