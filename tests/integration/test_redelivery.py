@@ -664,6 +664,22 @@ def test_a_fetchs_run_ends_before_a_call_in_flight_a_paused_name_and_a_message_d
     assert set(_calls(store)) == fetched.marked | {ids["a-1"][1]}
 
 
+def test_a_fetch_prepares_its_statements_at_their_first_run_and_the_slots_runs_its_generic_plan(store: Store) -> None:
+    """After one fetch, its connection holds both statements prepared (psycopg's own threshold is the fifth run),
+    and the slot's statement has been planned generic, not for its values (a custom plan is made at every run)."""
+    slot = slot_of(store, send(store, "a-1"))
+    store.engine.dispose()  # the fetch's connection is the only one in the pool afterwards
+    store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=1000, mode=Mode.FAIL_FIRST)
+    with store.engine.connect() as connection:
+        rows = connection.execute(text(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%correlation_message%' AND from_sql = false"
+        )).all()
+    plans = {("slot" if "after_cursor" in sql else "batches" if "AS batch" in sql else sql): (generic, custom)
+             for sql, generic, custom in rows}
+    assert plans == {"slot": (1, 0), "batches": (1, 0)}, plans
+
+
 def _rows_through_plan(node: dict[str, Any]) -> float:
     """Every row each node of an EXPLAIN ANALYZE plan produced, over all its loops, summed over the tree."""
     own = float(node.get("Actual Rows", 0)) * float(node.get("Actual Loops", 1))
