@@ -496,6 +496,60 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_releas
     assert in_flight(store) == {}, "the mark of the call not made is gone before the slot is released"
 
 
+def test_a_run_that_starts_while_every_lane_calls_has_the_next_two_runs_marked_ahead(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs marked ahead make up for the ones lanes take, and more, up to one per lane: with one marked per run
+    started, as many stayed ahead as when the rotation last ran short, and a lane ending its run waited for a mark
+    asked only a run before."""
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)
+    holder = leaser(store, "a")
+    holder.run_once()
+    first = send(store, "busy-0")
+    slot = slot_of(store, first)
+    fence = holder.fence(slot)
+    assert fence is not None
+    busy = [first, send(store, hint_in_slot(store, slot, "busy-1-"))]
+    later = [send(store, hint_in_slot(store, slot, f"later-{n}-")) for n in range(3)]
+    calls: list[int] = []
+    engine = engine_of(store, holder, Metrics(), calls, 2)
+    lanes = engine.lanes
+    returns = {message: threading.Event() for message in [*busy, *later]}
+    stop_at_teardown(lambda: [done.set() for done in returns.values()])  # before the engine stops
+
+    def handler(message: Message) -> None:
+        calls.append(message.id)
+        returns[message.id].wait(30)
+
+    lanes.router = Router({"*": handler})
+
+    def works(ids: Sequence[int]) -> list[HintWork]:
+        made = []
+        for message_id in ids:
+            message = store.messages_get(message_id)
+            assert message is not None
+            work = HintWork(message.hint, slot, fence, deque([message]), cut=False, fetched_at=time.monotonic())
+            with engine._cond:
+                engine._busy[message.hint] = work
+            made.append(work)
+        return made
+
+    engine._start_parts()  # the lanes, and no fetch: the test hands the hints over
+    lanes.submit(works(busy))
+    assert wait_until(lambda: sorted(calls) == sorted(busy)), "both lanes call"
+    lanes.submit(works(later))  # no lane is free: they wait in the rotation
+    assert in_flight(store).keys() == set(busy)
+    returns[busy[0]].set()  # a lane ends its run and starts the next hint's...
+    assert wait_until(lambda: len(calls) == 3 and calls[2] == later[0])
+    # ...and has both hints left marked ahead (one per lane), for the lanes to come
+    assert wait_until(lambda: in_flight(store).keys() == {busy[1], *later})
+    with lanes._cond:
+        assert [ahead.run[0].id for ahead in lanes._ahead] == later[1:]
+    for done in returns.values():
+        done.set()
+    assert wait_until(lambda: sorted(calls) == sorted([*busy, *later]) and in_flight(store) == {})
+
+
 def test_a_replica_whose_every_lane_is_stuck_keeps_no_run_marked_ahead(store: Store) -> None:
     """Its calls will not start before it is restarted: were they left marked, they would count as lost."""
     holder = leaser(store, "a")

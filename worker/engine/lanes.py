@@ -75,6 +75,10 @@ from worker.service.tracing import Tracing
 logger = logging.getLogger(__name__)
 
 WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls
+# Runs of the rotation marked ahead as a run starts (up to one per lane in all): with one, the runs marked ahead
+# stayed as few as when the rotation last ran short, and lanes waited for marks asked a run earlier whenever a mark
+# took longer than a run (10 ms calls on a loaded machine: a tenth of their time).
+AHEAD_PER_RUN = 2
 _NO_SPAN = nullcontext()  # reusable: the call's span when tracing is off
 
 
@@ -639,31 +643,33 @@ class Lanes:
             self._hand_over(lane, work)
 
     def _mark_next(self) -> None:
-        """While this lane calls, have the next run of the rotation's front marked, for whichever lane is free
-        first: with every lane calling, no lane then waits for a mark between two runs.
+        """While this lane calls, have the next runs of the rotation's front marked (:data:`AHEAD_PER_RUN`, up to
+        one per lane in all), for whichever lanes are free first: with every lane calling, no lane then waits for
+        a mark between two runs.
 
         Not beside a message called alone (the gate is shut, or waits for the marked runs to end), and never
         for a message to be called alone (it waits at the gate).
         """
         with self._cond:
-            if (
-                self._stopping or self._alone is not None or self._alone_waiting or not self._rotation
-                or len(self._ahead) >= self.concurrency or self._hung >= self.concurrency
-            ):
-                return
-            work = self._rotation[0]
-            if not work.pending or work.pending[0].redelivered:
-                return
-            self._rotation.popleft()
-            run = self._run_of(work)
-            if not run or run[0].redelivered:  # all expired (a lane lets it go), or for the gate after all
-                work.pending.extendleft(reversed(run))
-                self._rotation.appendleft(work)
-                return
-            work.running = True
-            ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
-            self._ahead.append(_Ahead(work, run, ticket))
-            self._work_ready.notify()
+            for _ in range(AHEAD_PER_RUN):
+                if (
+                    self._stopping or self._alone is not None or self._alone_waiting or not self._rotation
+                    or len(self._ahead) >= self.concurrency or self._hung >= self.concurrency
+                ):
+                    return
+                work = self._rotation[0]
+                if not work.pending or work.pending[0].redelivered:
+                    return
+                self._rotation.popleft()
+                run = self._run_of(work)
+                if not run or run[0].redelivered:  # all expired (a lane lets it go), or for the gate after all
+                    work.pending.extendleft(reversed(run))
+                    self._rotation.appendleft(work)
+                    return
+                work.running = True
+                ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
+                self._ahead.append(_Ahead(work, run, ticket))
+                self._work_ready.notify()
 
     def _calls(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
         """Make a run's calls in order; their outcomes collect on the lane until the run ends."""
