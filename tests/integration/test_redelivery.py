@@ -21,6 +21,7 @@ from tests.conftest import left, stop_at_teardown
 from tests.integration.test_slot_leases import leaser
 from worker.config import Mode, Settings
 from worker.correlators import Router
+from worker.db.base import Fence
 from worker.db.errors import DatabaseUnavailable
 from worker.db.fetch import Fetched, FetchMark
 from worker.db.store import NewMessage, Store
@@ -75,6 +76,16 @@ def send(store: Store, hint: str) -> int:
     row_id = store.messages_insert(NewMessage("n", hint))
     assert row_id is not None
     return row_id
+
+
+def fetched_work(store: Store, engine: Engine, slot: int, fence: Fence | None, message_id: int) -> HintWork:
+    """A message's hint as a fetch hands it to the lanes (busy in the engine), with the message as its batch."""
+    message = store.messages_get(message_id)
+    assert message is not None
+    work = HintWork(message.hint, slot, fence, deque([message]), cut=False, fetched_at=time.monotonic())
+    with engine._cond:
+        engine._busy[message.hint] = work
+    return work
 
 
 Call = tuple[int, int, str]  # (message id, the first message of its run, state)
@@ -522,22 +533,11 @@ def test_a_run_that_starts_while_every_lane_calls_has_the_next_two_runs_marked_a
         returns[message.id].wait(30)
 
     lanes.router = Router({"*": handler})
-
-    def works(ids: Sequence[int]) -> list[HintWork]:
-        made = []
-        for message_id in ids:
-            message = store.messages_get(message_id)
-            assert message is not None
-            work = HintWork(message.hint, slot, fence, deque([message]), cut=False, fetched_at=time.monotonic())
-            with engine._cond:
-                engine._busy[message.hint] = work
-            made.append(work)
-        return made
-
     engine._start_parts()  # the lanes, and no fetch: the test hands the hints over
-    lanes.submit(works(busy))
+    lanes.submit([fetched_work(store, engine, slot, fence, message) for message in busy])
     assert wait_until(lambda: sorted(calls) == sorted(busy)), "both lanes call"
-    lanes.submit(works(later))  # no lane is free: they wait in the rotation
+    # No lane is free: these wait in the rotation
+    lanes.submit([fetched_work(store, engine, slot, fence, message) for message in later])
     assert in_flight(store).keys() == set(busy)
     returns[busy[0]].set()  # a lane ends its run and starts the next hint's...
     assert wait_until(lambda: len(calls) == 3 and calls[2] == later[0])
@@ -1029,11 +1029,8 @@ def test_a_run_a_fetch_marked_while_stuck_calls_came_to_hold_every_lane_is_unmar
     # What the marking fetch read meanwhile: a hint of the same slot, its first run marked
     late_hint = hint_in_slot(store, slot, "late-")
     late = send(store, late_hint)
-    message = store.messages_get(late)
-    assert message is not None and fence is not None
-    work = HintWork(late_hint, slot, fence, deque([message]), cut=False, fetched_at=time.monotonic())
-    with engine._cond:
-        engine._busy[late_hint] = work
+    assert fence is not None
+    work = fetched_work(store, engine, slot, fence, late)
     ticket = engine.committer.mark_ahead(slot, fence, [late])
     assert ticket.done.wait(5) and ticket.marked == {late} and late in in_flight(store)
     lanes.submit([work], {late: ticket})
