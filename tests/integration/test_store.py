@@ -582,6 +582,45 @@ def test_a_hint_holding_most_of_the_table_does_not_make_the_other_hints_batches_
     assert _touched(batches) < 1_000, f"reading the batches touched {_touched(batches)} rows"
 
 
+def test_a_fetch_planned_while_few_calls_were_in_flight_probes_the_calls_of_its_rows_only(store: Store) -> None:
+    """The batches' statement runs prepared, on a generic plan made at its first run, while correlation_call is
+    empty (as autovacuum's statistics found it between two backlogs); a backlog then puts tens of thousands of rows
+    in it. Whether each row read is in flight is still one probe of it: the plan made early must neither hash the
+    whole call table at each fetch nor scan it for each row. The plan is made and run under the settings each
+    fetch sets for its transaction."""
+    from worker.db.fetch import _GENERIC_PLANS, _batches_statement
+
+    with store.engine.begin() as connection:
+        connection.execute(text("INSERT INTO correlation_message (message_name, correlation_hint) "
+                                "SELECT 'n', 'live-' || (g % 20) FROM generate_series(1, 400) g"))
+        connection.execute(text("ANALYZE correlation_message"))
+        connection.execute(text("ANALYZE correlation_call"))
+    hints = [f"live-{n}" for n in range(20)]
+    arguments = "ARRAY[" + ", ".join(f"'{hint}'" for hint in hints) + "]::text[], 4611686018427387904, 100, 100"
+    sql = _batches_statement("postgresql", Mode.FAIL_FIRST).text
+    for i, name in enumerate(("hints", "horizon", "per_hint", "limit"), 1):
+        sql = sql.replace(f":{name}", f"${i}")
+    with store.engine.connect() as connection:
+        connection.exec_driver_sql(_GENERIC_PLANS)
+        connection.exec_driver_sql(f"PREPARE batches(text[], bigint, int, int) AS {sql}")
+        assert len(connection.exec_driver_sql(f"EXECUTE batches({arguments})").all()) == 100  # the plan is made
+        connection.commit()
+        connection.exec_driver_sql(
+            "INSERT INTO correlation_call (message_id, slot, fence, holder, run_head) "
+            "SELECT 1000000 + g, 0, 1, 'r', 1000000 + g FROM generate_series(1, 30000) g"
+        )
+        connection.commit()
+        connection.exec_driver_sql(_GENERIC_PLANS)
+        raw = connection.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batches({arguments})"
+        ).scalar_one()
+        connection.exec_driver_sql("DEALLOCATE batches")
+    nodes = _walk(dict((raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]))
+    calls = [n for n in nodes if n.get("Relation Name") == "correlation_call"]
+    assert calls and all(n["Node Type"] != "Seq Scan" for n in calls), calls
+    assert _touched(calls) <= 100, f"the page's 100 rows touched {_touched(calls)} rows of correlation_call"
+
+
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 def test_a_group_commit_costs_what_it_writes(store: Store, generic: bool) -> None:
     """1 000 outcomes among 100 000 messages: every statement of the group commit reaches its rows by primary key,

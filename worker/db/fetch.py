@@ -242,14 +242,25 @@ def _slot_fetch_sql(hashed: bool = False) -> TextClause:
                  IS NOT NULL
            AND set_config('{_PAGE_HORIZON}', CAST(h.horizon AS text), true) IS NOT NULL
            AND set_config('plan_cache_mode', 'force_generic_plan', true) IS NOT NULL
+           AND set_config('enable_seqscan', 'off', true) IS NOT NULL
         """
     ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
 
 
 _HINT = 3  # the hint's column in ENGINE_COLUMNS
 
-# Whether a call of the message is in flight (a primary-key probe of the small correlation_call table).
-_IN_FLIGHT = "EXISTS (SELECT 1 FROM correlation_call f WHERE f.message_id = {m}.id) AS in_flight"
+# Whether a call of the message is in flight: a primary-key probe of correlation_call per row read. On PostgreSQL
+# the OFFSET 0 keeps it one (with sequential scans priced out, see _GENERIC_PLANS): without it the planner may
+# answer the EXISTS from a hash of every row of the table, built by each fetch (its estimate of a page's rows is a
+# generic plan's, a handful, and the table's rows were counted while it was small). With a backlog in flight that
+# table holds tens of thousands of calls: in a drain of 100 000 messages such fetches read 20 000-38 000 of them,
+# 1.3-13.5 ms of statements of 7.5-29 ms, where the fetches probing row by row took 1.4-3 ms.
+_IN_FLIGHT = "EXISTS (SELECT 1 FROM correlation_call f WHERE f.message_id = {m}.id{fence}) AS in_flight"
+
+
+def _in_flight(dialect: str, row: str) -> str:
+    """The in-flight column of a message read as ``row``."""
+    return _IN_FLIGHT.format(m=row, fence=" OFFSET 0" if dialect == "postgresql" else "")
 
 
 def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
@@ -273,7 +284,7 @@ def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
                            ORDER BY b.id LIMIT 1), :horizon + 1)"""
         )
     return f"""
-        SELECT {ENGINE_COLUMNS}, {_IN_FLIGHT.format(m="m")} FROM correlation_message m
+        SELECT {ENGINE_COLUMNS}, {_in_flight(dialect, "m")} FROM correlation_message m
          WHERE m.correlation_hint = {hint_expression} AND m.state = 'ready' AND m.id <= :horizon
            AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= {now})
            AND (m.expires_at IS NULL OR m.expires_at > {now})
@@ -284,7 +295,7 @@ def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
 def _batches_statement(dialect: str, mode: Mode) -> TextClause:
     if dialect == "postgresql":
         def inner(hint: str) -> str:
-            return _batch_sql(dialect, mode, hint).replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}", "m.*", 1)
+            return _batch_sql(dialect, mode, hint).replace(f"{ENGINE_COLUMNS}, {_in_flight(dialect, 'm')}", "m.*", 1)
 
         # The page takes the hints' batches whole, oldest first (by each batch's first id), until its limit: a
         # hint split between two fetches costs a second fetch, run and mark for the same batch, and the oldest
@@ -292,7 +303,7 @@ def _batches_statement(dialect: str, mode: Mode) -> TextClause:
         # first (one probe each), so that the batches are read in it and no further than the limit.
         # Each row says how long its hint's batch is: a hint with fewer rows in the page was cut by the limit.
         sql = f"""
-            SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, x.batch, {_IN_FLIGHT.format(m="x")}
+            SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, x.batch, {_in_flight(dialect, "x")}
               FROM unnest(ARRAY(SELECT c.hint FROM unnest(CAST(:hints AS text[])) AS c(hint)
                                  CROSS JOIN LATERAL (SELECT y.id FROM ({inner("c.hint")}) AS y LIMIT 1) AS h
                                  ORDER BY h.id)) WITH ORDINALITY AS o(hint, turn)
@@ -386,7 +397,7 @@ def _oldest_eligible_sql(mode: Mode) -> TextClause:
     ``:slots``, in one statement: each slot's candidate hints (up to ``:budget`` fresh ones, probed as a fetch
     probes them, and up to ``:budget`` due ones), then each hint's first message in its batch below
     ``:horizon``."""
-    batch = _batch_sql("postgresql", mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_IN_FLIGHT.format(m='m')}",
+    batch = _batch_sql("postgresql", mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_in_flight('postgresql', 'm')}",
                                                              "m.created_at", 1)
     return text(
         f"""
@@ -419,11 +430,14 @@ def _statement(dialect: str, name: str, variant: object, build: Callable[[], Tex
     return statement
 
 
-# The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone.
+# The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone, and
+# that plan is made with sequential scans priced out: a fetch reaches every row it reads by an index, whatever the
+# statistics said when its plan was made. correlation_call above all is analyzed while it is nearly empty (between
+# two backlogs) and then holds a backlog's calls in flight: a plan made meanwhile probed it for each row read by
+# scanning all of it. As set_config calls, not SET LOCAL: in a pipeline without BEGIN, SET LOCAL works but warns.
 _PIPELINE = psycopg.Pipeline.is_supported()
-_GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
-# The same for the statements of a pipeline without BEGIN, where SET LOCAL works but warns at each run.
-_GENERIC_PLANS = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+_GENERIC_PLANS = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
+                  "set_config('enable_seqscan', 'off', true)")
 
 def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list[Any]:
     """The rows of a statement run with its generic plan, in one round trip and a transaction of its own (so
@@ -439,7 +453,7 @@ def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list
         try:
             with driver.pipeline():
                 driver.execute("BEGIN")
-                driver.execute(_GENERIC_PLAN)
+                driver.execute(_GENERIC_PLANS)
                 cursor.execute(sql, params, prepare=PREPARED)
                 driver.execute("COMMIT")
         except Exception:
