@@ -694,3 +694,28 @@ def test_marking_calls_reads_their_rows_by_primary_key_even_when_statistics_saw_
     touched = [n for n in nodes if n.get("Relation Name") == "correlation_message"]
     assert touched and not any("Index Name" in n and n["Index Name"] != "correlation_message_pkey" for n in touched)
     assert _touched(touched) <= 2 * len(rows), f"the mark read {_touched(touched)} message rows for {len(rows)}"
+
+
+def test_a_connection_an_error_left_in_pipeline_mode_is_let_go_not_reset(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pipeline that fails while the server goes away can leave its connection in pipeline mode ("cannot exit
+    pipeline mode while busy"); such a connection cannot be rolled back: it is let go quietly, not handed to the
+    pool's reset (which logged the failed rollback as an error with its traceback), and the next statements run."""
+    import psycopg
+
+    from worker.db.errors import StoreError
+
+    def stuck(driver: Any) -> None:
+        driver.pgconn.enter_pipeline_mode()
+        driver.pgconn.send_query_params(b"SELECT 1", None)
+        raise psycopg.OperationalError("cannot exit pipeline mode while busy")
+
+    def through_sqlalchemy(work: Any) -> None:
+        store._statements(lambda connection: work(connection.connection.driver_connection))
+
+    for run in (store._driver_statements, through_sqlalchemy):
+        with caplog.at_level("DEBUG"), pytest.raises(StoreError):
+            run(stuck)
+        assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
+        assert store.messages_count_by_state() is not None  # the pool hands out a working connection

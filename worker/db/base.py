@@ -201,6 +201,12 @@ def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
     }
 
 
+def _in_pipeline(driver: Any) -> bool:
+    """Whether a psycopg connection is (still) in pipeline mode."""
+    pgconn = getattr(driver, "pgconn", None)
+    return pgconn is not None and pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF
+
+
 def build_engine(settings: DatabaseSettings) -> Engine:
     """An engine for the configured database with sane pooling, timeouts and transaction modes."""
     url = normalise_url(settings.url)
@@ -328,15 +334,26 @@ class StoreBase:
     def _driver_failed(self, error: psycopg.Error, pooled: Any, connection: Connection | None = None) -> Exception:
         """An error psycopg raised itself, handled as SQLAlchemy handles its own: on a lost server the pooled
         connection is let go (and the SQLAlchemy ``connection`` over it) and the pool's older ones are replaced as
-        they are checked out (they most likely lost their server too); the store's exception for it."""
+        they are checked out (they most likely lost their server too); the store's exception for it.
+
+        A connection the error left in pipeline mode (a pipeline that failed as the server went away: "cannot
+        exit pipeline mode while busy") is let go alone: it cannot even be rolled back, and the pool's reset would
+        log that failure as an error."""
         wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
         assert isinstance(wrapped, DBAPIError)
-        if self.engine.dialect.is_disconnect(error, pooled.driver_connection, None):  # type: ignore[arg-type]
+        driver = pooled.driver_connection
+        if self.engine.dialect.is_disconnect(error, driver, None):  # type: ignore[arg-type]
             wrapped.connection_invalidated = True
             if connection is None or not connection.invalidated:
                 self.engine.pool._invalidate(pooled, error)
             if connection is not None and not connection.invalidated:
                 connection.invalidate(error)
+        elif _in_pipeline(driver):
+            if connection is not None:
+                if not connection.invalidated:
+                    connection.invalidate(error)
+            elif pooled.is_valid:
+                pooled.invalidate(error)
         return translate(wrapped) or wrapped
 
     def _run(self, work: Callable[[Connection], T]) -> T:
