@@ -167,12 +167,30 @@ def test_a_slots_fetch_is_one_round_trip(store: Store, tmp_path: Any) -> None:
         driver.pgconn.untrace()
     assert len(fetched.messages) == 3
     # What the statements set was for their transaction alone.
-    settings = driver.execute("SELECT current_setting('plan_cache_mode'), "
+    settings = driver.execute("SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan'), "
                               "current_setting('correlation.page_hints', true)").fetchone()
     driver.rollback()
-    assert settings[0] == "auto" and not settings[1]
+    assert settings[:2] == ("auto", "on") and not settings[2]
     sent = [line.split("\t") for line in trace.read_text().splitlines()]
     assert [line[2] for line in sent if line[0] == "F" and line[2] == "Sync"] == ["Sync"]
+
+
+def test_the_slots_statement_sets_how_the_batches_after_it_are_planned(store: Store) -> None:
+    """Without pipelines the batches' statement follows the slot's in one transaction (a round trip each): what the
+    slot's statement sets there, the generic plan and sequential scans priced out, is what the batches are planned
+    under."""
+    from worker.db.base import driver_sql
+    from worker.db.fetch import _slot_fetch_sql
+
+    params = {"slot": 0, "after": "", "budget": 10, "skip": "{}", "passed": "{}"}
+    with store.engine.connect() as connection:
+        driver: Any = connection.connection.driver_connection
+        with driver.transaction():
+            driver.execute(driver_sql(_slot_fetch_sql()), params).fetchall()
+            settings = driver.execute(
+                "SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan')"
+            ).fetchone()
+    assert settings == ("force_generic_plan", "off")
 
 
 def test_a_slots_fetch_reads_below_the_horizon_less_the_producers_it_is_told_to_pass_over(

@@ -349,10 +349,9 @@ class StoreBase:
             if connection is not None and not connection.invalidated:
                 connection.invalidate(error)
         elif _in_pipeline(driver):
-            if connection is not None:
-                if not connection.invalidated:
-                    connection.invalidate(error)
-            elif pooled.is_valid:
+            if connection is not None and not connection.invalidated:
+                connection.invalidate(error)
+            elif connection is None and pooled.is_valid:
                 pooled.invalidate(error)
         return translate(wrapped) or wrapped
 
