@@ -97,6 +97,21 @@ class ThrowawayServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _encodable(text: str) -> str:
+    """The text with what UTF-8 cannot hold (a lone surrogate, say) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Reports that a parallel run can send between its processes: tests feed the worker strings UTF-8 cannot
+    hold (lone surrogates), and what was logged of them is in the report's captured sections (and, for a failing
+    acceptance test, the workers' logs attached to it)."""
+    report.sections = [(title, _encodable(text)) for title, text in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = _encodable(report.longrepr)
+
+
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
     """A URL of a PostgreSQL server where the tests may create databases."""

@@ -574,7 +574,7 @@ def test_a_message_is_called_at_once_on_its_producers_notify_long_before_the_pol
         wait_until(lambda: message in calls.ids(), "called on the notification", timeout=10)
         # After the listener's connection is terminated, it reconnects and looks at every slot again.
         sql(store, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                   "WHERE application_name = 'correlation-worker listener'")
+                   "WHERE application_name = 'correlation-worker listener' AND datname = current_database()")
         wait_until(lambda: run.metrics.listener_reconnects._value.get() >= 1, "the listener reconnected")
         again = send(store, "h2")
         wait_until(lambda: again in calls.ids(), "called after the reconnection", timeout=10)
