@@ -3,6 +3,8 @@ that costs an idle replica next to nothing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -101,3 +103,17 @@ def test_the_endpoints_server_wakes_once_a_second_when_idle_and_stops_at_once_wh
         closed = time.monotonic() - closing
     assert 2 <= idle <= 4, f"{idle} looks in 2.2 s (uvicorn's own loop: about 22)"
     assert closed < 0.9, f"closing took {closed:.2f} s: the close did not wake the loop"
+
+
+def test_the_endpoint_loads_no_websocket_protocol() -> None:
+    """No route speaks WebSocket: uvicorn's WebSocket protocol (and its library) is not imported at start."""
+    probe = (
+        "import sys\n"
+        "from worker.service.endpoint import Endpoint, Heartbeat\n"
+        "from worker.service.metrics import Metrics\n"
+        "endpoint = Endpoint('127.0.0.1', 0, Metrics(), Heartbeat(), 60.0, lambda: None)\n"
+        "endpoint.close()\n"
+        "print(' '.join(sorted(n for n in sys.modules if n.startswith(('wsproto', 'uvicorn.protocols.websockets')))))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert loaded.stdout.split() == []

@@ -193,6 +193,7 @@ class Endpoint:
             lifespan="off",
             timeout_graceful_shutdown=2,
             server_header=False,
+            ws="none",  # no WebSocket route: its protocol (and its library) is not even imported
         )
         self._server = _Server(config)
         self._thread = threading.Thread(target=self._serve, name="endpoint", daemon=True)
