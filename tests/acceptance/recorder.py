@@ -14,6 +14,7 @@ running. What the call does is read from the payload (a JSON object):
 
 ``seq``                  a number the test uses to check order (recorded with the call)
 ``sleep_seconds``        sleep this long first
+``wait_for_file``        then wait until this file exists (the test opens the gate; after a minute, a retry)
 ``permanent``            raise :class:`worker.PermanentError` (dead at once)
 ``reschedule_seconds``   raise :class:`worker.Reschedule` with this delay, while the message's
                          ``reschedule_count`` is below ``reschedule_times`` (always, without it)
@@ -34,6 +35,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
@@ -43,6 +45,7 @@ from worker import Message, PermanentError, Reschedule
 DSN_ENV = "ACCEPTANCE_RECORDER_DSN"
 FILE_ENV = "ACCEPTANCE_RECORDER_FILE"
 REPLICA_ENV = "CORRELATION_REPLICA__NAME"
+GATE_WAIT = 60.0  # seconds a call waits for its wait_for_file
 
 CALL_TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS acceptance_call (
@@ -187,6 +190,13 @@ def _decide(message: Message) -> None:
         os._exit(3)
     if "sleep_seconds" in payload:
         time.sleep(float(payload["sleep_seconds"]))
+    if "wait_for_file" in payload:
+        gate = Path(str(payload["wait_for_file"]))
+        shut_until = time.monotonic() + GATE_WAIT
+        while not gate.exists():
+            if time.monotonic() > shut_until:
+                raise RuntimeError(f"message seq={seq}: {gate} did not appear within {GATE_WAIT:g} s")
+            time.sleep(0.01)
     if payload.get("permanent"):
         raise PermanentError(f"message seq={seq} can never succeed")
     if "reschedule_seconds" in payload:

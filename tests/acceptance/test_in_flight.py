@@ -8,6 +8,7 @@ from the database (the recorder's journal, the message and call tables) and the 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psycopg
 from harness import Database, StartReplicas, StartWorker, run_cli, wait_until
@@ -81,19 +82,23 @@ def test_a_hints_next_message_is_called_as_soon_as_the_call_before_it_ends_not_a
 
 
 def test_after_a_pause_returns_no_call_of_it_starts_and_its_fetched_work_waits_in_order_until_the_lift(
-    pg_db: Database, start_worker: StartWorker
+    pg_db: Database, start_worker: StartWorker, tmp_path: Path
 ) -> None:
     worker = start_worker(pg_db, poll__concurrency="4", poll__interval="PT1S")
-    paused = [pg_db.insert("order.step", "order-paused", {"seq": n, "sleep_seconds": 0.1}) for n in range(40)]
-    # Ten seconds of calls for the four lanes: the two CLI processes pausing them return well before they end,
-    # however slow the machine is at starting a process.
-    by_name = [pg_db.insert("audit.step", f"audit-{n}", {"seq": 0, "sleep_seconds": 0.4}) for n in range(100)]
+    # The paused targets' calls wait at a gate the test opens once both pauses have returned: a call of each of
+    # their three hints is under way, and the rest of their work waits, while the CLI processes pause them, however
+    # slow the machine is at starting a process. The fourth lane is the other hints'.
+    gate = tmp_path / "gate"
+    held = {"sleep_seconds": 0.1, "wait_for_file": str(gate)}
+    paused = [pg_db.insert("order.step", "order-paused", {"seq": n, **held}) for n in range(40)]
+    by_name = [pg_db.insert("audit.step", f"audit-{n % 2}", {"seq": n // 2, **held}) for n in range(100)]
     other = [pg_db.insert("order.step", f"order-{n}", {"seq": 0}) for n in range(5)]
-    wait_until(lambda: len(pg_db.calls_of(*paused)) >= 3 and pg_db.calls_of(*by_name), what="calls under way",
+    wait_until(lambda: pg_db.calls_of(*paused) and pg_db.calls_of(*by_name), what="calls under way",
                workers=[worker])
     run_cli(pg_db, "pause", "--hint", "order-paused")
     run_cli(pg_db, "pause", "--name", "audit.step")
     returned = pg_db.execute("SELECT now() AS now")[0]["now"]
+    gate.touch()
     wait_until(lambda: pg_db.gone(*other), what="the other hints correlated", workers=[worker])
     time.sleep(1.5)  # pacing: past the bound, what starts now would be a call after the pause
     late = [call for call in pg_db.calls_of(*paused, *by_name) if (call.started_at - returned).total_seconds() > 1.0]
