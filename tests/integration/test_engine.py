@@ -25,6 +25,7 @@ from tests.conftest import stop_at_teardown
 from worker.config import Settings
 from worker.correlators import Router
 from worker.db.base import Fence
+from worker.db.errors import DatabaseUnavailable
 from worker.db.store import MessageFilter, NewMessage, Store
 from worker.engine.engine import AllSlots, Engine
 from worker.message import Message, MessageState
@@ -183,6 +184,35 @@ def test_outcomes_of_rows_another_session_holds_are_written_later_while_the_othe
         assert sorted(calls.ids()) == sorted([held, *free]), "nothing called twice"
     finally:
         locker.close()
+
+
+def test_pauses_the_database_would_not_give_are_a_warning_line_and_the_loop_fetches_once_it_reads_them(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fetch loop reads the durable pauses before it fetches; when the database cannot answer (its sessions
+    terminated, a timeout), that is one warning line counted by kind, not a bug's traceback, and no slot is fetched
+    until the pauses are read."""
+    read_pauses = store.pauses_list
+    failures = [DatabaseUnavailable("database unavailable: terminating connection due to administrator command")] * 2
+
+    def pauses_list() -> list[Any]:
+        if failures:
+            raise failures.pop()
+        return read_pauses()
+
+    monkeypatch.setattr(store, "pauses_list", pauses_list)
+    message = send(store, "h")
+    calls = Calls()
+    metrics = Metrics()
+    run = engine(store, calls, settings(), metrics)
+    with caplog.at_level(logging.WARNING, logger="worker.engine.engine"):
+        run.start()
+        wait_until(lambda: message in calls.ids(), "called once the pauses were read")
+    assert failures == []
+    lines = [r for r in caplog.records if r.name == "worker.engine.engine"]
+    assert [r.levelno for r in lines] == [logging.WARNING] * 2 and not any(r.exc_info for r in lines), lines
+    assert "reading the pauses failed" in lines[0].getMessage()
+    assert metrics.database_errors.labels("unavailable")._value.get() == 2
 
 
 def test_a_write_that_fails_is_retried_and_no_call_is_made_twice(store: Store) -> None:

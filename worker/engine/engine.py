@@ -212,6 +212,7 @@ class Engine:
         self._pins = PinClock()
         self._horizon_lock = threading.Lock()  # the pin clock, shared by the fetchers
         self._pauses: tuple[float, list[Pause]] | None = None
+        self._pauses_delay = ERROR_FIRST  # before the pauses are read again after a failed read
         # What the durable pauses hold back now, read by lanes before every call: (everything, names, hints).
         self._held: tuple[bool, frozenset[str], frozenset[str]] = (False, frozenset(), frozenset())
         self._stopping = threading.Event()
@@ -373,6 +374,11 @@ class Engine:
                         with self._cond:
                             state.fetching = False
                             self._cond.notify_all()
+            except StoreError as error:  # the pauses unread (the database gone, busy): one line, counted by kind
+                self.metrics.database_error(error)
+                logger.warning("reading the pauses failed, trying again in %.1fs: %s", self._pauses_delay, error)
+                self._stopping.wait(self._pauses_delay)
+                self._pauses_delay = min(ERROR_MAX, self._pauses_delay * 2)
             except Exception:  # a bug must not stop correlation; the loop goes on
                 logger.exception("the fetch loop failed; going on")
                 self._stopping.wait(1.0)
@@ -696,8 +702,9 @@ class Engine:
         cached = self._pauses
         if cached is not None and now - cached[0] < PAUSES_REUSE:
             return cached[1]
-        pauses = self.store.pauses_list()
+        pauses = self.store.pauses_list()  # until it answers, no slot is fetched (the loop backs off)
         self._pauses = (now, pauses)
+        self._pauses_delay = ERROR_FIRST
         self._held = (
             any(pause.scope == "all" for pause in pauses),
             frozenset(pause.target for pause in pauses if pause.scope == "name"),
