@@ -364,7 +364,8 @@ class Engine:
         while not self._stopping.is_set():
             self._tick()
             try:
-                self._pause_list(self._monotonic())  # read again when told they changed, else every second
+                if not self._pauses_read(self._monotonic()):
+                    continue
                 self._sync_slots()
                 state = self._next_slot()
                 if state is not None:
@@ -374,14 +375,22 @@ class Engine:
                         with self._cond:
                             state.fetching = False
                             self._cond.notify_all()
-            except StoreError as error:  # the pauses unread (the database gone, busy): one line, counted by kind
-                self.metrics.database_error(error)
-                logger.warning("reading the pauses failed, trying again in %.1fs: %s", self._pauses_delay, error)
-                self._stopping.wait(self._pauses_delay)
-                self._pauses_delay = min(ERROR_MAX, self._pauses_delay * 2)
             except Exception:  # a bug must not stop correlation; the loop goes on
                 logger.exception("the fetch loop failed; going on")
                 self._stopping.wait(1.0)
+
+    def _pauses_read(self, now: float) -> bool:
+        """Read the durable pauses again when told they changed, else every second. False when the database would
+        not give them (gone, busy): one line counted by kind, then a backoff, and no slot is fetched meanwhile."""
+        try:
+            self._pause_list(now)
+        except StoreError as error:
+            self.metrics.database_error(error)
+            delay, self._pauses_delay = self._pauses_delay, min(ERROR_MAX, self._pauses_delay * 2)
+            logger.warning("reading the pauses failed, trying again in %.1fs: %s", delay, error)
+            self._stopping.wait(delay)
+            return False
+        return True
 
     def _next_slot(self) -> _Slot | None:
         """The slot wanted soonest once it is due and the rotation has room (taken by this fetcher: no other
@@ -702,7 +711,7 @@ class Engine:
         cached = self._pauses
         if cached is not None and now - cached[0] < PAUSES_REUSE:
             return cached[1]
-        pauses = self.store.pauses_list()  # until it answers, no slot is fetched (the loop backs off)
+        pauses = self.store.pauses_list()
         self._pauses = (now, pauses)
         self._pauses_delay = ERROR_FIRST
         self._held = (
