@@ -613,6 +613,51 @@ def test_a_message_is_called_at_once_on_its_producers_notify_long_before_the_pol
         thread.join(timeout=5)
 
 
+def counted(monkeypatch: pytest.MonkeyPatch, store: Store, method: str) -> list[float]:
+    """The times the store's ``method`` was called from now on."""
+    times: list[float] = []
+    original = getattr(store, method)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        times.append(time.monotonic())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(store, method, counting)
+    return times
+
+
+def test_an_idle_engine_looks_at_its_quiet_slots_in_one_statement_a_poll_and_fetches_only_those_with_work(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No wake-ups (no listener): only the poll finds work. After the first fetch of each slot, a poll of the
+    slots found empty is one look at all of them; a slot is fetched again only once a look finds work in it."""
+    fetches, looks = counted(monkeypatch, store, "messages_fetch_slot"), counted(monkeypatch, store, "messages_look")
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"interval": "PT0.3S"}))
+    run.start()
+    wait_until(lambda: len(looks) >= 4, "four polls of quiet slots")
+    before = len(fetches)
+    assert before >= store.slot_count, "each slot fetched once first"
+    wait_until(lambda: len(looks) >= 8, "four more polls")
+    assert len(fetches) == before, "no quiet slot fetched on its own while nothing arrived"
+    message = send(store, "arrives-unannounced")
+    wait_until(lambda: message in calls.ids(), "called after a look found it", timeout=10)
+    assert len(fetches) - before <= 3, "only its slot fetched (once to take it, at most twice more)"
+
+
+def test_a_delayed_message_in_a_quiet_slot_is_called_when_due_not_at_the_next_poll(store: Store) -> None:
+    due_in = 1.5
+    later = send(store, "due-later")
+    sql(store, "UPDATE correlation_message SET next_attempt_at = now() + make_interval(secs => :s) WHERE id = :id",
+        s=due_in, id=later)
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"interval": "PT60S"}))
+    started = time.monotonic()
+    run.start()
+    wait_until(lambda: later in calls.ids(), "called at its due time", timeout=15)
+    assert time.monotonic() - started >= due_in - 0.2, "not before it was due"
+
+
 def test_a_hint_the_full_page_left_no_room_for_is_fetched_at_once_not_at_the_next_poll(store: Store) -> None:
     """Two hints fill the page with whole batches: the third, chosen too, got none of its messages."""
     first = send(store, "a-first")

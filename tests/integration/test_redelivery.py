@@ -259,6 +259,53 @@ def test_adopting_again_counts_nothing_twice_and_never_the_holders_own_calls(sto
     assert mine is not None and mine.lost_calls == 0 and in_flight(store) == {own: "called"}
 
 
+def test_a_call_of_an_ended_term_in_a_quiet_slot_is_adopted_at_the_next_poll(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mark that committed after the slot's next holder adopted it (its term ended meanwhile) leaves a row in
+    a slot the holder finds empty: the look at its quiet slots sees the row, and the slot is fetched (adopting the
+    call, counted once, and delivering the message again) at the next poll."""
+    dead = leaser(store, "dead")
+    dead.run_once()
+    old_fences = {slot: dead.fence(slot) for slot in dead.slots()}
+    with store.engine.begin() as connection:
+        connection.execute(text("UPDATE correlation_lock SET lock_until = now() - interval '1 second'"))
+    metrics = Metrics()
+    heir = leaser(store, "heir", metrics=metrics)
+    heir.run_once()
+    looks: list[float] = []
+    original = store.messages_look
+
+    def counting(terms: Any) -> Any:
+        looks.append(time.monotonic())
+        return original(terms)
+
+    monkeypatch.setattr(store, "messages_look", counting)
+    seen: list[tuple[int, bool]] = []
+
+    def handler(message: Message) -> None:
+        seen.append((message.id, message.redelivered))
+
+    settings = Settings(poll={"interval": "PT0.5S", "initial_delay": "PT0S"}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": handler}), settings, heir, metrics, heir.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.start()
+    assert wait_until(lambda: len(looks) >= 2, 10), "the slots went quiet"
+    late = send(store, "late-mark")
+    slot = slot_of(store, late)
+    fence = old_fences[slot]
+    assert fence is not None
+    with store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state) "
+                 "VALUES (:id, :slot, :fence, 'dead', :id, 'called')"),
+            {"id": late, "slot": slot, "fence": fence.fence},
+        )
+    assert wait_until(lambda: (late, True) in seen, 10), "adopted and delivered again"
+    assert metrics.lost_calls._value.get() == 1
+    assert in_flight(store) == {}
+
+
 def test_a_lost_call_whose_row_a_session_holds_is_counted_once_after_the_lock_and_delivered_again(
     store: Store, pg_url: str
 ) -> None:

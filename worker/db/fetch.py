@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -71,6 +71,16 @@ class Fetched:
     cut: frozenset[str] | None = None
     marked: frozenset[int] = frozenset()  # calls the fetch marked in flight itself (see FetchMark)
     remaining: float | None = None  # with them: the seconds left of the term they were marked under
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLook:
+    """What one look at a quiet slot found (:meth:`FetchStatements.messages_look`): whether a fetch would find
+    anything to do there now, and its next due time still to come."""
+
+    work: bool  # a fresh message, a delayed one now due, or a call of another term to adopt
+    next_due: datetime | None  # the earliest due time still to come in the slot
+    now: datetime  # the database clock when it was read
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +256,22 @@ def _slot_fetch_sql(hashed: bool = False) -> TextClause:
         """
     ).bindparams(bindparam("slot", type_=Integer()), bindparam("budget", type_=Integer()))
 
+
+# PostgreSQL: one look at many quiet slots at once (see FetchStatements.messages_look), three index probes a slot:
+# its first fresh hint (as a fetch's candidates probe it), its earliest delayed message, and a call of a term
+# other than the one given (what an adoption sweep looks for first).
+_LOOK_SQL = text(
+    f"""
+    SELECT s.slot, {_fresh_probe("s.slot", "''")} IS NOT NULL AS fresh,
+           (SELECT m.next_attempt_at FROM correlation_message m
+             WHERE m.slot = ANY(ARRAY[CAST(s.slot AS smallint)]) AND m.state = 'ready'
+               AND m.next_attempt_at IS NOT NULL
+             ORDER BY m.slot, m.next_attempt_at LIMIT 1) AS due,
+           EXISTS (SELECT FROM correlation_call c WHERE c.slot = s.slot AND c.fence <> s.fence) AS ended,
+           now() AS now
+      FROM unnest(CAST(:slots AS integer[]), CAST(:fences AS bigint[])) AS s(slot, fence)
+    """
+)
 
 _HINT = 3  # the hint's column in ENGINE_COLUMNS
 
@@ -505,6 +531,25 @@ class FetchStatements(StoreBase):
         if self.dialect != "postgresql":
             return None
         return self._run(self._horizon)
+
+    def messages_look(self, terms: Mapping[int, int | None]) -> dict[int, SlotLook]:
+        """Whether each slot (``{slot: fence of its term}``, None without leases) has anything a fetch would do
+        now, in one autocommit statement (PostgreSQL): a fresh message, a delayed one now due, or a call of
+        another term in flight (to adopt; without leases none is); with the slot's next due time. An idle replica
+        looks at its quiet slots this way instead of fetching each of them once a poll."""
+        if self.dialect != "postgresql":
+            raise NotImplementedError("looking at many slots at once is for PostgreSQL")
+        fences = ",".join("NULL" if fence is None else str(int(fence)) for fence in terms.values())
+        params = {"slots": int_array(terms), "fences": "{" + fences + "}"}
+
+        def work(driver: Any) -> dict[int, SlotLook]:
+            looks = {}
+            for slot, fresh, due, ended, now in driver_rows(driver, _LOOK_SQL, params):
+                looks[int(slot)] = SlotLook(bool(fresh or ended or (due is not None and due <= now)),
+                                            due if due is not None and due > now else None, now)
+            return looks
+
+        return self._driver_statements(work)
 
     def messages_fetch_batches(
         self, hints: Sequence[str], *, horizon: int, per_hint: int, limit: int, mode: Mode
