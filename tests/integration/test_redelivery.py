@@ -303,7 +303,9 @@ def test_a_call_of_an_ended_term_in_a_quiet_slot_is_adopted_at_the_next_poll(
         )
     assert wait_until(lambda: (late, True) in seen, 10), "adopted and delivered again"
     assert metrics.lost_calls._value.get() == 1
-    assert in_flight(store) == {}
+    assert wait_until(lambda: in_flight(store) == {}, 10), "its outcome recorded"
+    message = store.messages_get(late)
+    assert message is not None and message.state is MessageState.DELIVERED
 
 
 def test_a_lost_call_whose_row_a_session_holds_is_counted_once_after_the_lock_and_delivered_again(
