@@ -557,6 +557,28 @@ def test_hung_calls_keep_the_threads_bounded_and_make_the_engine_unhealthy_when_
     assert set(started) <= set(hung)
 
 
+def test_the_watchdog_looks_as_often_as_the_shortest_handler_timeout_needs_and_a_short_one_still_holds(
+    store: Store,
+) -> None:
+    """A twentieth of the shortest handler timeout between two looks at running calls, from 50 ms to a second: at
+    the default 30 s an idle replica's watchdog wakes once a second, not twenty times; a name whose timeout is
+    shorter than the default's is still given up on at its own."""
+    assert engine(store, Calls()).lanes._watch_tick == 1.0
+    assert engine(store, Calls(), settings(policy={"handler_timeout": "PT0.3S"})).lanes._watch_tick == 0.05
+    release = threading.Event()
+    calls = Calls(lambda message: release.wait(30) if message.name == "slow" else None)
+    run = engine(store, calls, settings(policies={"slow": {"handler_timeout": "PT1S"}}))
+    assert run.lanes._watch_tick == 0.05
+    slow = send(store, "slow-1", name="slow")
+    try:
+        run.start()
+        wait_until(lambda: (rows(store)[slow].attempt == 1), "the slow call given up at its own timeout",
+                   timeout=10)
+        assert "did not return within PT1S" in (rows(store)[slow].last_error or "")
+    finally:
+        release.set()
+
+
 # -- 15. a call starts only if the lease outlasts it --------------------------------------------------------
 
 

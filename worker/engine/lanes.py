@@ -74,7 +74,8 @@ from worker.service.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
-WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls
+WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls, at least (and while stopping)
+WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortest handler timeout in between
 # Runs of the rotation marked ahead as a run starts (up to one per lane in all): with one, the runs marked ahead
 # stayed as few as when the rotation last ran short, and lanes waited for marks asked a run earlier whenever a mark
 # took longer than a run (10 ms calls on a loaded machine: 11-19 % of their time).
@@ -221,6 +222,12 @@ class Lanes:
         self._alone: _Lane | None = None  # the lane calling a message alone
         self._fetches_marking = 0  # fetches that may mark calls for the lanes waiting (see reserve)
         self._let_go: list[HintWork] = []  # hints given up by the watchdog, their work to report as over
+        # The watchdog finds a call past its timeout within a twentieth of the shortest one (20 looks a second
+        # at the default 30 s were most of an idle replica's wake-ups); stopping wakes it.
+        shortest = min([settings.policy.handler_timeout, *(
+            override.handler_timeout for override in settings.policies.values() if override.handler_timeout)])
+        self._watch_tick = min(WATCH_TICK_MAX, max(WATCH_TICK, shortest.total_seconds() / 20))
+        self._watch_wake = threading.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -246,6 +253,7 @@ class Lanes:
         """Start no new call; returns the hints still waiting in the rotation (the caller lets them go)."""
         with self._cond:
             self._stopping = True
+            self._watch_wake.set()
             dropped = list(self._rotation)
             self._rotation.clear()
             dropped += self._let_go_ahead(lambda work: True, withdraw=True)
@@ -892,7 +900,10 @@ class Lanes:
                 let_go, self._let_go = self._let_go, []
             for work in let_go:  # outside the lock: a hint's work ending reaches the engine
                 self.settle(work)
-            time.sleep(WATCH_TICK)
+            if self._stopping:
+                time.sleep(WATCH_TICK)
+            else:
+                self._watch_wake.wait(self._watch_tick)
 
     def _give_up(self, lane: _Lane) -> None:
         """Under the lock: a call past its handler timeout is recorded as one; its thread is let go."""
