@@ -273,6 +273,8 @@ _LOOK_SQL = text(
     """
 )
 
+_PAUSES_PG = text("SELECT id, scope, target, reason, created_by, created_at FROM correlation_pause ORDER BY id")
+
 _HINT = 3  # the hint's column in ENGINE_COLUMNS
 
 # Whether a call of the message is in flight: a primary-key probe of correlation_call per row read. On PostgreSQL
@@ -705,7 +707,11 @@ class FetchStatements(StoreBase):
     # -- durable pauses ---------------------------------------------------------------------------------------
 
     def pauses_list(self) -> list[Pause]:
-        """Every durable pause, oldest first."""
+        """Every durable pause, oldest first. On PostgreSQL one autocommit statement run by the driver itself: the
+        engine reads the list once a second, and through a transaction of the general result machinery that
+        read was the largest part of an idle replica's CPU."""
+        if self.dialect == "postgresql":
+            return self._driver_statements(lambda driver: [Pause(*row) for row in driver_rows(driver, _PAUSES_PG, {})])
         statement = select(pause_table).order_by(pause_table.c.id)
         return self._run(lambda c: [_pause(row) for row in c.execute(statement)])
 
