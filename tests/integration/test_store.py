@@ -737,3 +737,24 @@ def test_a_connection_an_error_left_in_pipeline_mode_is_let_go_not_reset(
             run(stuck)
         assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
         assert store.messages_count_by_state() is not None  # the pool hands out a working connection
+
+
+def test_the_statements_run_by_the_driver_itself_report_an_unreachable_server_as_the_stores_error() -> None:
+    """The engine's statements that check a psycopg connection out of the pool directly (the pauses read once a
+    second, the looks at quiet slots, the marks) say "database unavailable" as every other statement does: the
+    pool's checkout raised the driver's own error, which reached the fetch loop as a bug with its traceback."""
+    from datetime import timedelta
+
+    from worker.config import DatabaseSettings
+    from worker.db.base import build_engine
+    from worker.db.errors import DatabaseUnavailable
+
+    unreachable = Store(build_engine(DatabaseSettings(url="postgresql+psycopg://postgres@127.0.0.1:1/none",
+                                                      connect_timeout=timedelta(seconds=1))))
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            unreachable.pauses_list()
+        with pytest.raises(DatabaseUnavailable):
+            unreachable.messages_look({0: None})
+    finally:
+        unreachable.close()

@@ -371,7 +371,14 @@ class StoreBase:
         for the engine's statements of every call, where checking a connection out through SQLAlchemy, with
         its isolation level set and reset, cost more than the statement."""
         idle = psycopg.pq.TransactionStatus.IDLE
-        pooled = self.engine.raw_connection()
+        try:
+            pooled = self.engine.raw_connection()
+        except psycopg.Error as error:  # no connection to be had (the server down, a login refused): the pool's
+            # checkout raises the driver's error as it is, which engine.connect() would have wrapped
+            wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
+            raise (translate(wrapped) or wrapped) from error
+        except DBAPIError as error:
+            raise (translate(error) or error) from error
         driver: Any = pooled.driver_connection
         try:
             driver.autocommit = True
