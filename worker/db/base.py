@@ -376,6 +376,7 @@ class StoreBase:
         except psycopg.Error as error:  # no connection to be had (the server down, a login refused): the pool's
             # checkout raises the driver's error as it is, which engine.connect() would have wrapped
             wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
+            assert isinstance(wrapped, DBAPIError)
             raise (translate(wrapped) or wrapped) from error
         except DBAPIError as error:
             raise (translate(error) or error) from error
