@@ -667,6 +667,56 @@ def test_an_idle_engine_looks_at_its_quiet_slots_in_one_statement_a_poll_and_fet
     assert len(fetches) - before <= 3, "only its slot fetched (once to take it, at most twice more)"
 
 
+def fetches_of(monkeypatch: pytest.MonkeyPatch, store: Store) -> list[tuple[float, int, int | None]]:
+    """Each slot fetch from now on: (when it was sent, its slot, the horizon reading it reused, None: its own)."""
+    fetches: list[tuple[float, int, int | None]] = []
+    original = store.messages_fetch_slot
+
+    def recording(slot: int, *args: Any, **kwargs: Any) -> Any:
+        fetches.append((time.monotonic(), slot, kwargs.get("reuse_horizon")))
+        return original(slot, *args, **kwargs)
+
+    monkeypatch.setattr(store, "messages_fetch_slot", recording)
+    return fetches
+
+
+def test_a_drains_fetches_share_horizon_readings_and_keep_each_hints_order(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the commit-order horizon reads every lock of the server: a fetch moments after another reuses its
+    reading when no producer transaction was registered then. The drain is whole and in order all the same."""
+    sql(store, "INSERT INTO correlation_message (message_name, correlation_hint, payload) "
+               "SELECT 'n', 'h-' || (i % 200), '{}' FROM generate_series(0, 3999) AS i")
+    fetches = fetches_of(monkeypatch, store)
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"interval": "PT30S", "page_size": 50}))
+    run.start()
+    wait_until(lambda: len(calls.ids()) == 4000, "the drain")
+    reused = [reading for _, _, reading in fetches if reading is not None]
+    assert reused, f"none of {len(fetches)} fetches reused a reading"
+    for hint in {f"h-{i}" for i in range(200)}:
+        assert calls.of(hint) == sorted(calls.of(hint)), f"{hint} called out of order"
+
+
+def test_a_fetch_after_its_slots_wake_up_reads_the_horizon_itself(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message announced by its notification may have been committed after the last reading: the fetch its
+    wake-up brings reads the horizon itself, so the message is in it."""
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"interval": "PT30S"}))
+    fetches = fetches_of(monkeypatch, store)
+    run.start()
+    wait_until(lambda: len(fetches) >= store.slot_count, "the first fetch of every slot")
+    for n in range(5):
+        first = send(store, _hint_in_slot(store, n, f"woken-{n}-"))
+        at = time.monotonic()
+        run.wake([n])
+        wait_until(lambda first=first: first in calls.ids(), "called on its wake-up", timeout=10)
+        woken = [reading for sent, slot, reading in fetches if slot == n and sent >= at]
+        assert woken and woken[0] is None, "the woken slot's fetch read the horizon itself"
+
+
 def test_a_delayed_message_in_a_quiet_slot_is_called_when_due_not_at_the_next_poll(store: Store) -> None:
     due_in = 1.5
     later = send(store, "due-later")

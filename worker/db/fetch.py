@@ -189,13 +189,19 @@ def _fresh_probe(slot: str, after: str, bound: str = "") -> str:
 SKIP_HASHED = 100
 
 
-def _slot_fetch(skipped: int) -> TextClause:
-    """The slot's fetch statement for this many hints to leave out."""
+def _slot_fetch(skipped: int, reused: bool = False) -> TextClause:
+    """The slot's fetch statement for this many hints to leave out, reading the horizon or reusing one."""
     hashed = skipped > SKIP_HASHED
-    return _statement("postgresql", "slot_fetch", hashed, lambda: _slot_fetch_sql(hashed))
+    return _statement("postgresql", "slot_fetch", (hashed, reused), lambda: _slot_fetch_sql(hashed, reused))
 
 
-def _slot_fetch_sql(hashed: bool = False) -> TextClause:
+# A horizon reading taken moments before by another fetch of the replica, with no producer transaction open then,
+# instead of reading every lock of the server again (see FetchStatements.messages_fetch_slot).
+_REUSED_HORIZON = """SELECT CAST(:reuse AS bigint) AS last_id, CAST(NULL AS bigint[]) AS pin_ids,
+                   CAST(NULL AS text[]) AS pin_holders, CAST(:reuse AS bigint) AS horizon"""
+
+
+def _slot_fetch_sql(hashed: bool = False, reused: bool = False) -> TextClause:
     """PostgreSQL: a slot's candidates (as :func:`_candidates_sql` reads them on SQLite), both rounds of the
     cursor in one statement (the hints from the start up to the cursor are probed only when those after it fall
     short of the budget), with the clock and the commit-order horizon: its reading, and the id it allows, leaving
@@ -206,6 +212,11 @@ def _slot_fetch_sql(hashed: bool = False) -> TextClause:
     taken after the horizon's reading. Alone (:meth:`FetchStatements.messages_candidates`) what it sets ends with
     it."""
     kept = "NOT IN (SELECT unnest(CAST(:skip AS text[])))" if hashed else "<> ALL(CAST(:skip AS text[]))"
+    reading = _REUSED_HORIZON if reused else """SELECT o.last_id, o.pin_ids, o.pin_holders,
+                   LEAST(o.last_id, (SELECT min(p.after) FROM unnest(o.pin_ids, o.pin_holders) AS p(after, holder)
+                                      WHERE p.after::text || '/' || p.holder <> ALL(CAST(:passed AS text[]))))
+                     AS horizon
+              FROM correlation_order_horizon() AS o"""
 
     def probe(after: str, bound: str) -> str:
         return _fresh_probe(":slot", after, bound)
@@ -233,11 +244,7 @@ def _slot_fetch_sql(hashed: bool = False) -> TextClause:
                AND m.next_attempt_at <= now() AND m.correlation_hint {kept}
              ORDER BY m.next_attempt_at LIMIT :budget
         ), h AS MATERIALIZED (
-            SELECT o.last_id, o.pin_ids, o.pin_holders,
-                   LEAST(o.last_id, (SELECT min(p.after) FROM unnest(o.pin_ids, o.pin_holders) AS p(after, holder)
-                                      WHERE p.after::text || '/' || p.holder <> ALL(CAST(:passed AS text[]))))
-                     AS horizon
-              FROM correlation_order_horizon() AS o
+            {reading}
         )
         SELECT 'f' AS kind, hint, {nothing} FROM f
         UNION ALL
@@ -571,6 +578,7 @@ class FetchStatements(StoreBase):
         skip: Sequence[str] = (),
         passed_over: Sequence[tuple[int, str]] = (),
         mark: FetchMark | None = None,
+        reuse_horizon: int | None = None,
     ) -> tuple[Candidates, Fetched]:
         """A slot's fetch: its candidate hints (up to ``budget`` fresh ones after ``after``, wrapping round, and up
         to ``budget`` due ones; none of ``skip``, the hints this replica will not take now), and those hints'
@@ -585,6 +593,11 @@ class FetchStatements(StoreBase):
         With ``mark`` (PostgreSQL), the batches' statement also marks the first calls of the page's first hints in
         flight, in the same round trip: their ids and the term's seconds left come back in the
         :class:`Fetched` (``marked``, ``remaining``); SQLite marks nothing here.
+
+        With ``reuse_horizon`` (PostgreSQL), the horizon is not read again: it is that ``last_id``, of a reading an
+        earlier fetch took when no producer transaction was registered. A reading taken before this fetch's
+        snapshot is as safe as its own (every id at or below it belonged to a transaction that had ended); it
+        only leaves out what was committed since, and reading the horizon reads every lock of the server.
         """
         if self.dialect == "sqlite":
             candidates = self._run(lambda c: self._candidates(c, slot, after, budget, skip))
@@ -594,7 +607,7 @@ class FetchStatements(StoreBase):
         params = {
             "slot": slot, "after": after, "budget": budget, "skip": text_array(skip),
             "passed": text_array(f"{pin}/{holder}" for pin, holder in passed_over),
-            "per_hint": per_hint, "limit": limit,
+            "per_hint": per_hint, "limit": limit, "reuse": reuse_horizon,
         }
         marking = mark is not None and mark.count > 0
         if mark is not None and marking:
@@ -610,7 +623,7 @@ class FetchStatements(StoreBase):
     def _fetch_pg(
         self, driver: Any, params: dict[str, Any], mode: Mode, skipped: int, marking: bool = False
     ) -> tuple[Candidates, Fetched]:
-        statement = _slot_fetch(skipped)
+        statement = _slot_fetch(skipped, reused=params["reuse"] is not None)
         page_sql = _page_marking_sql(mode) if marking else _page_sql(mode)
         clock, page = driver.cursor(), driver.cursor(binary=True)
         with clock, page:
