@@ -797,6 +797,11 @@ class Settings(BaseSettings):
                 longest, setting = override.handler_timeout, f"{ENV_PREFIX}POLICIES[{name}].handler_timeout"
         return longest, setting
 
+    def shortest_handler_timeout(self) -> timedelta:
+        """The shortest handler timeout of any policy."""
+        overrides = (override.handler_timeout for override in self.policies.values() if override.handler_timeout)
+        return min([self.policy.handler_timeout, *overrides])
+
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as JSON-ready data, with every credential hidden (URL and routes)."""
         data = self.model_dump(mode="json")

@@ -635,17 +635,26 @@ def test_a_message_is_called_at_once_on_its_producers_notify_long_before_the_pol
         thread.join(timeout=5)
 
 
-def counted(monkeypatch: pytest.MonkeyPatch, store: Store, method: str) -> list[float]:
-    """The times the store's ``method`` was called from now on."""
-    times: list[float] = []
+@dataclass(frozen=True)
+class StoreCall:
+    """One call of a store method a test watches: when, and with what."""
+
+    at: float
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def watched(monkeypatch: pytest.MonkeyPatch, store: Store, method: str) -> list[StoreCall]:
+    """The calls of the store's ``method`` from now on."""
+    calls: list[StoreCall] = []
     original = getattr(store, method)
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        times.append(time.monotonic())
+    def watching(*args: Any, **kwargs: Any) -> Any:
+        calls.append(StoreCall(time.monotonic(), args, kwargs))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(store, method, counting)
-    return times
+    monkeypatch.setattr(store, method, watching)
+    return calls
 
 
 def test_an_idle_engine_looks_at_its_quiet_slots_in_one_statement_a_poll_and_fetches_only_those_with_work(
@@ -653,7 +662,7 @@ def test_an_idle_engine_looks_at_its_quiet_slots_in_one_statement_a_poll_and_fet
 ) -> None:
     """No wake-ups (no listener): only the poll finds work. After the first fetch of each slot, a poll of the
     slots found empty is one look at all of them; a slot is fetched again only once a look finds work in it."""
-    fetches, looks = counted(monkeypatch, store, "messages_fetch_slot"), counted(monkeypatch, store, "messages_look")
+    fetches, looks = watched(monkeypatch, store, "messages_fetch_slot"), watched(monkeypatch, store, "messages_look")
     calls = Calls()
     run = engine(store, calls, settings(poll={"interval": "PT0.3S"}))
     run.start()
@@ -667,19 +676,6 @@ def test_an_idle_engine_looks_at_its_quiet_slots_in_one_statement_a_poll_and_fet
     assert len(fetches) - before <= 3, "only its slot fetched (once to take it, at most twice more)"
 
 
-def fetches_of(monkeypatch: pytest.MonkeyPatch, store: Store) -> list[tuple[float, int, int | None]]:
-    """Each slot fetch from now on: (when it was sent, its slot, the horizon reading it reused, None: its own)."""
-    fetches: list[tuple[float, int, int | None]] = []
-    original = store.messages_fetch_slot
-
-    def recording(slot: int, *args: Any, **kwargs: Any) -> Any:
-        fetches.append((time.monotonic(), slot, kwargs.get("reuse_horizon")))
-        return original(slot, *args, **kwargs)
-
-    monkeypatch.setattr(store, "messages_fetch_slot", recording)
-    return fetches
-
-
 def test_a_drains_fetches_share_horizon_readings_and_keep_each_hints_order(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -687,12 +683,12 @@ def test_a_drains_fetches_share_horizon_readings_and_keep_each_hints_order(
     reading when no producer transaction was registered then. The drain is whole and in order all the same."""
     sql(store, "INSERT INTO correlation_message (message_name, correlation_hint, payload) "
                "SELECT 'n', 'h-' || (i % 200), '{}' FROM generate_series(0, 3999) AS i")
-    fetches = fetches_of(monkeypatch, store)
+    fetches = watched(monkeypatch, store, "messages_fetch_slot")
     calls = Calls()
     run = engine(store, calls, settings(poll={"interval": "PT30S", "page_size": 50}))
     run.start()
     wait_until(lambda: len(calls.ids()) == 4000, "the drain")
-    reused = [reading for _, _, reading in fetches if reading is not None]
+    reused = [fetch for fetch in fetches if fetch.kwargs.get("reuse_horizon") is not None]
     assert reused, f"none of {len(fetches)} fetches reused a reading"
     for hint in {f"h-{i}" for i in range(200)}:
         assert calls.of(hint) == sorted(calls.of(hint)), f"{hint} called out of order"
@@ -705,7 +701,7 @@ def test_a_fetch_after_its_slots_wake_up_reads_the_horizon_itself(
     wake-up brings reads the horizon itself, so the message is in it."""
     calls = Calls()
     run = engine(store, calls, settings(poll={"interval": "PT30S"}))
-    fetches = fetches_of(monkeypatch, store)
+    fetches = watched(monkeypatch, store, "messages_fetch_slot")
     run.start()
     wait_until(lambda: len(fetches) >= store.slot_count, "the first fetch of every slot")
     for n in range(5):
@@ -713,8 +709,8 @@ def test_a_fetch_after_its_slots_wake_up_reads_the_horizon_itself(
         at = time.monotonic()
         run.wake([n])
         wait_until(lambda first=first: first in calls.ids(), "called on its wake-up", timeout=10)
-        woken = [reading for sent, slot, reading in fetches if slot == n and sent >= at]
-        assert woken and woken[0] is None, "the woken slot's fetch read the horizon itself"
+        woken = [fetch for fetch in fetches if fetch.args[0] == n and fetch.at >= at]
+        assert woken and woken[0].kwargs.get("reuse_horizon") is None, "the woken slot's fetch read the horizon itself"
 
 
 def test_a_delayed_message_in_a_quiet_slot_is_called_when_due_not_at_the_next_poll(store: Store) -> None:

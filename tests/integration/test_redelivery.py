@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import event, text
 
 from tests.conftest import left, stop_at_teardown
+from tests.integration.test_engine import watched
 from tests.integration.test_slot_leases import leaser
 from worker.config import Mode, Settings
 from worker.correlators import Router
@@ -273,14 +274,7 @@ def test_a_call_of_an_ended_term_in_a_quiet_slot_is_adopted_at_the_next_poll(
     metrics = Metrics()
     heir = leaser(store, "heir", metrics=metrics)
     heir.run_once()
-    looks: list[float] = []
-    original = store.messages_look
-
-    def counting(terms: Any) -> Any:
-        looks.append(time.monotonic())
-        return original(terms)
-
-    monkeypatch.setattr(store, "messages_look", counting)
+    looks = watched(monkeypatch, store, "messages_look")
     seen: list[tuple[int, bool]] = []
 
     def handler(message: Message) -> None:

@@ -378,8 +378,6 @@ class StoreBase:
             wrapped = DBAPIError.instance(None, None, error, psycopg.Error)
             assert isinstance(wrapped, DBAPIError)
             raise (translate(wrapped) or wrapped) from error
-        except DBAPIError as error:
-            raise (translate(error) or error) from error
         driver: Any = pooled.driver_connection
         try:
             driver.autocommit = True

@@ -42,6 +42,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from worker.config import Settings, format_duration
@@ -456,11 +457,7 @@ class Engine:
                         state.fresh_horizon = True  # and reads the horizon after the look
                         continue
                     self.clock.observe(look.now)
-                    wanted = now + self.interval
-                    if look.next_due is not None:
-                        wanted = min(wanted, now + max(0.0, (look.next_due - look.now).total_seconds()))
-                    state.fetched(wanted)
-                    state.quiet = True
+                    state.fetched(self._next_due(now, look.next_due, look.now))  # still quiet
                     state.last_progress = now
                     state.adopt_again_at = now + max(self.interval, ADOPT_SWEEP)
                 return first.quiet
@@ -712,7 +709,7 @@ class Engine:
                 state.fetched(now + HELD_RETRY)
                 self.metrics.order_waits.inc()
             else:
-                state.fetched(self._next_due(now, candidates))
+                state.fetched(self._next_due(now, candidates.next_due, candidates.now))
             if not state.adopted:  # a lost call's row is locked elsewhere: its hint waits until it can be counted
                 state.wanted_at = min(state.wanted_at, now + ADOPT_RETRY)
             if not held:  # the slot is drained or gave out work (held back by the horizon it is stuck)
@@ -754,11 +751,12 @@ class Engine:
             works.append(HintWork(hint, state.slot, state.fence, deque(taken), cut, fetched_at=now))
         return works
 
-    def _next_due(self, now: float, candidates: Candidates) -> float:
-        """When a drained slot is fetched again: its next due message, a hint's rest ending, or the poll."""
+    def _next_due(self, now: float, next_due: datetime | None, database_now: datetime) -> float:
+        """When a drained slot is fetched again: its next due message (``next_due`` on the database's clock,
+        read at ``database_now``), or the poll."""
         wanted = now + self.interval
-        if candidates.next_due is not None:
-            wanted = min(wanted, now + max(0.0, (candidates.next_due - candidates.now).total_seconds()))
+        if next_due is not None:
+            wanted = min(wanted, now + max(0.0, (next_due - database_now).total_seconds()))
         return wanted
 
     def _prune_rests(self, now: float) -> None:

@@ -224,9 +224,8 @@ class Lanes:
         self._let_go: list[HintWork] = []  # hints given up by the watchdog, their work to report as over
         # The watchdog finds a call past its timeout within a twentieth of the shortest one (20 looks a second
         # at the default 30 s were most of an idle replica's wake-ups); stopping wakes it.
-        shortest = min([settings.policy.handler_timeout, *(
-            override.handler_timeout for override in settings.policies.values() if override.handler_timeout)])
-        self._watch_tick = min(WATCH_TICK_MAX, max(WATCH_TICK, shortest.total_seconds() / 20))
+        shortest = settings.shortest_handler_timeout().total_seconds()
+        self._watch_tick = min(WATCH_TICK_MAX, max(WATCH_TICK, shortest / 20))
         self._watch_wake = threading.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
