@@ -730,7 +730,7 @@ def test_a_connection_an_error_left_in_pipeline_mode_is_let_go_not_reset(
         raise psycopg.OperationalError("cannot exit pipeline mode while busy")
 
     def through_sqlalchemy(work: Any) -> None:
-        store._statements(lambda connection: work(connection.connection.driver_connection))
+        store._run(lambda connection: work(connection.connection.driver_connection))
 
     for run in (store._driver_statements, through_sqlalchemy):
         with caplog.at_level("DEBUG"), pytest.raises(StoreError):

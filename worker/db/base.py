@@ -295,8 +295,6 @@ class StoreBase:
         self.dialect = engine.dialect.name
         # Writes on SQLite take the write lock first (BEGIN IMMEDIATE); PostgreSQL needs nothing special.
         self._write_engine = engine.execution_options(sqlite_immediate=True) if self.dialect == "sqlite" else engine
-        # Single statements that are their own transaction (no BEGIN/COMMIT round trips).
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         # The delivery record (schema revision 0010): a message leaving the table stays as its record (state
         # 'delivered') unless the retention is PT0S; finished_by names the replica or operator recording it.
         self.keep_records = True
@@ -358,12 +356,6 @@ class StoreBase:
     def _run(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a read transaction (on SQLite it takes no write lock)."""
         with self._transaction() as connection:
-            return work(connection)
-
-    def _statements(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` on a connection where each statement is its own transaction (no BEGIN or COMMIT
-        round trips; PostgreSQL)."""
-        with self._translated(self._autocommit.connect()) as connection:
             return work(connection)
 
     def _driver_statements(self, work: Callable[[Any], T]) -> T:

@@ -753,8 +753,7 @@ class CallStatements(LockStatements):
         """End a PostgreSQL session of this replica's (a transactional call past its timeout): its transaction
         is rolled back and its locks let go."""
         if self.dialect == "postgresql":
-            with self._autocommit.connect() as connection:
-                connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            self._driver_statements(lambda driver: driver.execute("SELECT pg_terminate_backend(%s)", (pid,)))
 
     def _unmark_and_abandon(self, connection: Connection, writes: Sequence[SlotWrite]) -> None:
         unmark = [(i, w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.unmark]

@@ -529,9 +529,7 @@ class FetchStatements(StoreBase):
         if self.dialect == "postgresql":
             params = {"slot": slot, "after": after, "budget": budget, "skip": text_array(skip), "passed": "{}"}
             statement = _slot_fetch(len(skip))
-            return self._statements(
-                lambda c: _candidates_of(driver_rows(c.connection.driver_connection, statement, params))
-            )
+            return self._driver_statements(lambda driver: _candidates_of(driver_rows(driver, statement, params)))
         return self._run(lambda c: self._candidates(c, slot, after, budget, skip))
 
     def order_horizon(self) -> HorizonReading | None:
@@ -616,9 +614,7 @@ class FetchStatements(StoreBase):
                 mark_fence=mark.fence.fence, mark_paused=text_array(mark.paused),
                 mark_names=text_array(name for name, _ in mark.runs), mark_runs=int_array(n for _, n in mark.runs),
             )
-        return self._statements(
-            lambda c: self._fetch_pg(c.connection.driver_connection, params, mode, len(skip), marking)
-        )
+        return self._driver_statements(lambda driver: self._fetch_pg(driver, params, mode, len(skip), marking))
 
     def _fetch_pg(
         self, driver: Any, params: dict[str, Any], mode: Mode, skipped: int, marking: bool = False
