@@ -220,6 +220,58 @@ def test_a_slots_fetch_reads_below_the_horizon_less_the_producers_it_is_told_to_
         assert fetch(list(reading.pins))[1] == [committed]
 
 
+def _pins(store: Store) -> int:
+    reading = store.order_horizon()
+    assert reading is not None
+    return len(reading.pins)
+
+
+_GATE = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND classid = 1668808704"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def test_a_producer_transaction_holds_the_horizons_gate_until_it_ends_and_a_reading_never_keeps_it(
+    store: Store, pg_url: str
+) -> None:
+    """Revision 0012: every producer transaction holds the gate (shared) from before its first id; a reading
+    tries it and lets it go at once, even inside a transaction that stays open, so a producer registering then
+    never waits on the reader."""
+    import psycopg
+
+    conninfo = pg_url.replace("postgresql+psycopg", "postgresql")
+    with psycopg.connect(conninfo) as producer, psycopg.connect(conninfo) as reader, \
+            psycopg.connect(conninfo, autocommit=True) as observer:
+        assert _pins(store) == 0
+        producer.execute("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', 'a')")
+        assert observer.execute(_GATE).fetchone() == (1,)
+        assert _pins(store) == 1  # the gate is held: the registrations are read
+        producer.rollback()
+        assert observer.execute(_GATE).fetchone() == (0,)
+
+        # A reading in a transaction left open keeps no lock: a producer registers without waiting.
+        last_id, pins, _ = reader.execute("SELECT * FROM correlation_order_horizon()").fetchone()
+        assert pins is None
+        assert observer.execute(_GATE).fetchone() == (0,)
+        producer.execute("SET lock_timeout = '1s'")
+        producer.execute("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', 'b')")
+        assert reader.execute("SELECT pin_ids FROM correlation_order_horizon()").fetchone()[0] == [last_id]
+        producer.commit()
+        reader.rollback()
+
+        # A registration rolled back with its savepoint lets the gate go with it, and a later insert of the
+        # same transaction registers again.
+        producer.execute("SAVEPOINT s")
+        producer.execute("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', 'c')")
+        producer.execute("ROLLBACK TO SAVEPOINT s")
+        assert _pins(store) == 0
+        producer.execute("INSERT INTO correlation_message (message_name, correlation_hint) VALUES ('n', 'd')")
+        assert _pins(store) == 1
+        producer.rollback()
+        assert _pins(store) == 0
+
+
 def test_waiting_message_holds_back_its_group(any_store: Store) -> None:
     waiting = add(any_store, "a", attempt=1, next_attempt_at=60)
     add(any_store, "a")

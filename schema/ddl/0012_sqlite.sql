@@ -1,0 +1,3 @@
+-- correlation-worker schema, revision 0012, SQLite: nothing changes. The PostgreSQL revision adds the gate its
+-- commit-order horizon tries before reading the server's locks; on SQLite one process writes at a time, so ids
+-- commit in order and there is no horizon.
