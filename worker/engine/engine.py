@@ -216,6 +216,7 @@ class Engine:
         )
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
+        self._terms: dict[int, Fence | None] | None = None  # the slot source's terms at the last look
         self._busy: dict[str, HintWork] = {}
         self._resting: dict[str, tuple[float, int]] = {}  # hint: (until, its slot)
         self._tally: Counter[str] = Counter()
@@ -387,7 +388,11 @@ class Engine:
                     finally:
                         with self._cond:
                             state.fetching = False
-                            self._cond.notify_all()
+                            # Due again at once: the other fetchers may take it while this one goes round. Else
+                            # none is woken (this one comes back to the slots itself); a woken fetcher would
+                            # only take the interpreter from the lane about to make the call just fetched.
+                            if state.wanted_at <= self._monotonic():
+                                self._cond.notify_all()
             except Exception:  # a bug must not stop correlation; the loop goes on
                 logger.exception("the fetch loop failed; going on")
                 self._stopping.wait(1.0)
@@ -476,6 +481,9 @@ class Engine:
         """Follow the leases: slots taken are fetched at once (after adopting their in-flight calls), slots
         gone have their waiting hints let go."""
         terms = self.slot_source.terms()
+        if terms == self._terms:  # as at the last look (the usual case): nothing to follow
+            return
+        self._terms = terms
         with self._cond:
             gone = [slot for slot in self._slots if slot not in terms]
             for slot in gone:
@@ -511,6 +519,7 @@ class Engine:
             with self._cond:
                 if self._slots.get(state.slot) is state:
                     del self._slots[state.slot]
+                    self._terms = None  # the next look follows the leases whatever they say
         except StoreError as error:  # unavailable, busy, read-only, a table gone: one line, counted by kind
             self._failed(state, error)
         except Exception as error:  # one slot's trouble must not hold up the others

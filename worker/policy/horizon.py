@@ -6,8 +6,8 @@ advisory lock whose key carries the last id handed out before it, a *pin*); ever
 its pin. So when the worker has read the sequence's last value and then the pins still held, every id up to
 the smallest of them belongs to a transaction that has finished: that is the *horizon*, and a message is
 correlated only when its id is at or below it (the pins are read only when a common key every registered
-producer also holds, the gate, is taken: schema revision 0012). A horizon stays valid forever (later transactions take larger
-ids), so a reading may be reused; it is only ever conservative.
+producer also holds, the gate, is taken: schema revision 0012). A horizon stays valid forever (later
+transactions take larger ids), so a reading may be reused; it is only ever conservative.
 
 A producer transaction that stays open holds back the messages inserted after it, of every hint. That wait
 is bounded: a pin seen for longer than ``max_wait`` is passed over (counted; the order of a hint whose earlier
