@@ -298,10 +298,14 @@ class Engine:
             self._pauses = None
         now = self._monotonic()
         with self._cond:
+            woken = 0
             for state in self._slots.values() if slots is None else filter(None, map(self._slots.get, slots)):
                 state.want(now)
                 state.notified_at = now  # a busy hint's new message: fetched once that hint's work is over
-            self._cond.notify_all()
+                woken += 1
+            # A fetcher for each slot woken (the fetchers alone wait here, and one busy now looks at the slots
+            # again before it waits): more would only take the interpreter from the one fetching.
+            self._cond.notify(woken)
 
     def slots_in_use(self) -> set[int]:
         """Slots this replica still works on (hints fetched, calls running, outcomes unwritten): not to be
