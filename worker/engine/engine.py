@@ -492,10 +492,14 @@ class Engine:
             gone = [slot for slot in self._slots if slot not in terms]
             for slot in gone:
                 del self._slots[slot]
+            taken = 0
             for slot, fence in terms.items():
                 state = self._slots.get(slot)
                 if state is None or state.fence != fence:  # new, or lost and taken again between two looks
                     self._slots[slot] = _Slot(slot, fence, adopted=fence is None, last_progress=self._monotonic())
+                    taken += 1
+            if taken > 1:  # due at once: the other fetchers share them (a takeover, a start)
+                self._cond.notify_all()
         for slot in gone:
             for work in self.lanes.drop_slot(slot):
                 work.pending.clear()
