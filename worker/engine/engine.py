@@ -296,16 +296,19 @@ class Engine:
         """Fetch these slots (None: every slot, and read the durable pauses again) as soon as there is room."""
         if slots is None:
             self._pauses = None
+        named = None if slots is None else list(slots)
         now = self._monotonic()
         with self._cond:
-            woken = 0
-            for state in self._slots.values() if slots is None else filter(None, map(self._slots.get, slots)):
+            for state in self._slots.values() if named is None else filter(None, map(self._slots.get, named)):
                 state.want(now)
                 state.notified_at = now  # a busy hint's new message: fetched once that hint's work is over
-                woken += 1
-            # A fetcher for each slot woken (the fetchers alone wait here, and one busy now looks at the slots
-            # again before it waits): more would only take the interpreter from the one fetching.
-            self._cond.notify(woken)
+            # A fetcher for each slot named (the fetchers alone wait here, and one busy now looks at the slots
+            # again before it waits): more would only take the interpreter from the one fetching. A slot not
+            # followed yet (just acquired) is found by the woken fetcher's look at the leases.
+            if named is None:
+                self._cond.notify_all()
+            else:
+                self._cond.notify(len(named))
 
     def slots_in_use(self) -> set[int]:
         """Slots this replica still works on (hints fetched, calls running, outcomes unwritten): not to be
