@@ -608,6 +608,47 @@ def test_no_call_starts_on_a_slot_whose_lease_could_end_before_the_call(store: S
 # -- wake-ups -------------------------------------------------------------------------------------------------
 
 
+class LateSlots(AllSlots):
+    """No slot until granted, as a replica's first lease round finds them; says when it was last looked at."""
+
+    def __init__(self, slot_count: int) -> None:
+        super().__init__(slot_count)
+        self.granted = False
+        self.looked = threading.Event()
+
+    def slots(self) -> tuple[int, ...]:
+        return self._slots if self.granted else ()
+
+    def terms(self) -> dict[int, Fence | None]:
+        self.looked.set()
+        return super().terms() if self.granted else {}
+
+
+def test_slots_a_replica_acquires_are_fetched_at_once_when_it_held_none_before(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leases' round that acquired slots wakes the engine naming them (``on_acquired``) before any fetcher
+    has followed the leases: a fetcher wakes for them at once, not at its own turn a second later. One fetcher,
+    so that its turn is known: the one that just looked at the leases."""
+    import worker.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)
+    message = send(store, "h")
+    source = LateSlots(store.slot_count)
+    calls = Calls()
+    run = Engine(store, Router({"*": calls}), settings(poll={"interval": "PT60S"}), source)
+    stop_at_teardown(lambda: run.stop(grace=0))
+    run.start()
+    time.sleep(0.3)  # pacing: the fetchers found no slot and wait for their next turn (a second)
+    source.looked.clear()
+    wait_until(source.looked.is_set, "the fetcher's turn")  # it just began a second's wait
+    source.granted = True
+    granted = time.monotonic()
+    run.wake(source.slots())  # as the leases' round calls it
+    wait_until(lambda: message in calls.ids(), "called")
+    assert time.monotonic() - granted < 0.5, "the slots waited for the fetcher's own turn"
+
+
 def test_a_message_is_called_at_once_on_its_producers_notify_long_before_the_poll(store: Store) -> None:
     from worker.db.listener import Listener
 

@@ -217,6 +217,7 @@ class Engine:
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._terms: dict[int, Fence | None] | None = None  # the slot source's terms at the last look
+        self._unfollowed = False  # a wake-up named slots not followed yet (acquired since the last look)
         self._busy: dict[str, HintWork] = {}
         self._resting: dict[str, tuple[float, int]] = {}  # hint: (until, its slot)
         self._tally: Counter[str] = Counter()
@@ -302,6 +303,8 @@ class Engine:
             for state in self._slots.values() if named is None else filter(None, map(self._slots.get, named)):
                 state.want(now)
                 state.notified_at = now  # a busy hint's new message: fetched once that hint's work is over
+            if named is not None and not self._unfollowed:
+                self._unfollowed = any(slot not in self._slots for slot in named)
             # A fetcher for each slot named (the fetchers alone wait here, and one busy now looks at the slots
             # again before it waits): more would only take the interpreter from the one fetching. A slot not
             # followed yet (just acquired) is found by the woken fetcher's look at the leases.
@@ -422,6 +425,9 @@ class Engine:
         fetches it meanwhile); None after waiting a while."""
         with self._cond:
             now = self._monotonic()
+            if self._unfollowed:  # a wake-up named slots not followed yet: the leases first, then them
+                self._unfollowed = False
+                return None
             if self.lanes.waiting() < self.low_water and not self.lanes.exhausted():
                 idle = (state for state in self._slots.values() if not state.fetching)
                 due = min(idle, key=lambda s: s.wanted_at, default=None)
