@@ -111,7 +111,7 @@ class Worker:
             tracing=self.tracing,
         )
         self.leaser.in_use = self.engine.slots_in_use
-        self.leaser.on_acquired = self.engine.wake
+        self.leaser.on_acquired = self.engine.acquired
         self.listener = (
             Listener(settings.database, settings.notify, self.engine.wake, self.metrics)
             if settings.notify.enabled

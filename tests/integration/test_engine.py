@@ -613,15 +613,15 @@ class LateSlots(AllSlots):
 
     def __init__(self, slot_count: int) -> None:
         super().__init__(slot_count)
-        self.granted = False
+        self.granted: tuple[int, ...] = ()
         self.looked = threading.Event()
 
     def slots(self) -> tuple[int, ...]:
-        return self._slots if self.granted else ()
+        return self.granted
 
     def terms(self) -> dict[int, Fence | None]:
         self.looked.set()
-        return super().terms() if self.granted else {}
+        return dict.fromkeys(self.granted)
 
 
 def test_slots_a_replica_acquires_are_fetched_at_once_when_it_held_none_before(
@@ -634,17 +634,18 @@ def test_slots_a_replica_acquires_are_fetched_at_once_when_it_held_none_before(
 
     monkeypatch.setattr(engine_module, "FETCHERS", 1)
     message = send(store, "h")
+    slot = rows(store)[message].slot
     source = LateSlots(store.slot_count)
     calls = Calls()
     run = Engine(store, Router({"*": calls}), settings(poll={"interval": "PT60S"}), source)
     stop_at_teardown(lambda: run.stop(grace=0))
     run.start()
-    time.sleep(0.3)  # pacing: the fetchers found no slot and wait for their next turn (a second)
+    time.sleep(0.3)  # pacing: the fetcher found no slot and waits for its next turn (a second)
     source.looked.clear()
     wait_until(source.looked.is_set, "the fetcher's turn")  # it just began a second's wait
-    source.granted = True
+    source.granted = (slot,)
     granted = time.monotonic()
-    run.wake(source.slots())  # as the leases' round calls it
+    run.acquired(source.slots())  # as the leases' round calls it
     wait_until(lambda: message in calls.ids(), "called")
     assert time.monotonic() - granted < 0.5, "the slots waited for the fetcher's own turn"
 

@@ -217,7 +217,7 @@ class Engine:
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._terms: dict[int, Fence | None] | None = None  # the slot source's terms at the last look
-        self._unfollowed = False  # a wake-up named slots not followed yet (acquired since the last look)
+        self._unfollowed = False  # slots were acquired since the fetchers last looked at the leases
         self._busy: dict[str, HintWork] = {}
         self._resting: dict[str, tuple[float, int]] = {}  # hint: (until, its slot)
         self._tally: Counter[str] = Counter()
@@ -303,15 +303,20 @@ class Engine:
             for state in self._slots.values() if named is None else filter(None, map(self._slots.get, named)):
                 state.want(now)
                 state.notified_at = now  # a busy hint's new message: fetched once that hint's work is over
-            if named is not None and not self._unfollowed:
-                self._unfollowed = any(slot not in self._slots for slot in named)
             # A fetcher for each slot named (the fetchers alone wait here, and one busy now looks at the slots
-            # again before it waits): more would only take the interpreter from the one fetching. A slot not
-            # followed yet (just acquired) is found by the woken fetcher's look at the leases.
+            # again before it waits): more would only take the interpreter from the one fetching.
             if named is None:
                 self._cond.notify_all()
             else:
                 self._cond.notify(len(named))
+
+    def acquired(self, slots: Sequence[int]) -> None:
+        """The leases' round acquired slots (``slots``: every slot held now): fetch them at once. They are not
+        followed yet, so a fetcher looks at the leases first, even one about to wait (no fetcher waits its turn
+        for them)."""
+        with self._cond:
+            self._unfollowed = True
+        self.wake(slots)
 
     def slots_in_use(self) -> set[int]:
         """Slots this replica still works on (hints fetched, calls running, outcomes unwritten): not to be
@@ -425,7 +430,7 @@ class Engine:
         fetches it meanwhile); None after waiting a while."""
         with self._cond:
             now = self._monotonic()
-            if self._unfollowed:  # a wake-up named slots not followed yet: the leases first, then them
+            if self._unfollowed:  # slots acquired meanwhile: the leases first, then the slots
                 self._unfollowed = False
                 return None
             if self.lanes.waiting() < self.low_water and not self.lanes.exhausted():
