@@ -6,6 +6,7 @@ endpoint together and owns the process lifecycle (signals, schema check, shutdow
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import secrets
@@ -144,9 +145,11 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: stop gracefully; a second one: exit at once."""
+        """SIGTERM/SIGINT: stop gracefully; a second one: exit at once. SIGUSR1: every thread's stack to stderr
+        (where a replica that does not stop, or does not move, is waiting), and the replica goes on."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals += 1

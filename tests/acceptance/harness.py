@@ -320,6 +320,8 @@ class WorkerProcess:
         try:
             return self.process.wait(timeout=STOP_DEADLINE)
         except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGUSR1)  # every thread's stack into its log: where it waits
+            time.sleep(1.0)  # pacing: the stacks are written by the process itself
             self.process.kill()
             self.process.wait()
             return -9

@@ -441,6 +441,22 @@ def test_a_stop_signal_lets_the_current_call_finish_then_exits_0_and_releases_th
     assert "released 64 slot leases" in log
 
 
+def test_sigusr1_writes_every_threads_stack_to_stderr_and_the_replica_goes_on(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    process = start_worker(pg_db)
+    replica = replica_of(process)
+    wait_until(lambda: held_slot_locks(pg_db, replica), what="slot leases taken", workers=[process])
+    process.send(signal.SIGUSR1)
+    wait_until(lambda: "_fetch_forever" in process.log(), what="the stacks in the log", workers=[process])
+    log = process.log()
+    assert "Current thread" in log or "Thread 0x" in log
+    assert "_serve_forever" in log  # the lanes' threads too
+    row_id = pg_db.insert("order.paid", "order-1", {})
+    wait_until(lambda: pg_db.gone(row_id), what="the message correlated after the dump", workers=[process])
+    assert process.running()
+
+
 def test_a_call_longer_than_the_grace_is_abandoned_untouched_and_delivered_again(
     pg_db: Database, start_worker: StartWorker
 ) -> None:
