@@ -391,7 +391,8 @@ def test_an_expired_message_is_never_correlated_and_cleanup_removes_it(
     second = start_worker(pg_db, cleanup__initial_delay="PT0S", cleanup__interval="PT0.2S")
     wait_until(lambda: pg_db.gone(*expired), what="cleanup to remove expired messages", workers=[second])
     assert pg_db.calls_of(*expired) == []
-    assert "cleanup removed" in second.log()
+    # The line is written after the delete commits: waited for, not read at once.
+    wait_until(lambda: "cleanup removed" in second.log(), what="the cleanup's log line", workers=[second])
 
 
 def test_a_paused_hint_waits_until_resumed_and_holds_back_later_messages(
