@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ import storm
 from cluster import (
     METRICS_ENABLED,
     RETENTION,
+    ClusterFigures,
     Replica,
     measure_floor,
     run_cluster,
@@ -105,37 +107,71 @@ def slow_target_row(url: str, driver: PostgresDriver, messages: int, log_dir: Pa
     )
 
 
+def _both(values: Sequence[float], unit: str, digits: int = 0) -> str:
+    """The mean of a figure measured twice, with both measurements."""
+    return (f"{statistics.fmean(values):,.{digits}f} {unit} "
+            f"({', '.join(f'{value:,.{digits}f}' for value in values)})")
+
+
 def drain_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, slots: int) -> list[Row]:
     """The drain at default settings against both floors: select+delete (the rows leave, as with
     ``CORRELATION_DELIVERY__RETENTION=PT0S``) and select+record (each row becomes its delivery record, as the
-    default ``P7D`` keeps it); and the drain with ``PT0S``, doing what the select+delete floor does."""
+    default ``P7D`` keeps it); the drain with ``PT0S``, doing what the select+delete floor does; and the drain
+    with the metrics off.
+
+    Each is measured twice, the second time in the reverse order (floors, defaults, PT0S, metrics off; then
+    metrics off, PT0S, defaults, floors), and quoted as the mean of the two: one drain of a few seconds moves
+    by a tenth from one run to the next here, and whichever ran first after the load of the floors was the slow
+    one, which made a single pass read as if the metrics cost a fifth of the throughput.
+    """
     args = _args(messages=messages, hints=1000, page_size=1000, concurrency=8, slots=slots, settings=None)
-    floor = measure_floor(driver, messages, args.hints, args.page_size)
-    record_floor = measure_floor(driver, messages, args.hints, args.page_size, record=True)
-    driver.purge()
-    figures = run_cluster(url, driver, 1, args, log_dir)
-    driver.purge()  # its records: the next drain starts from a table as fresh as this one's
-    deleting = run_cluster(url, driver, 1, _args(**{**vars(args), "settings": {RETENTION: "PT0S"}}), log_dir)
-    quiet = run_cluster(url, driver, 1, _args(**{**vars(args), "settings": {METRICS_ENABLED: "false"}}), log_dir)
-    drain = f"no-op drain, {messages:,} msgs, page 1 000, from release"
+    variants = {"defaults": None, "PT0S": {RETENTION: "PT0S"}, "quiet": {METRICS_ENABLED: "false"}}
+    floors: dict[str, list[float]] = {"delete": [], "record": []}
+    drains: dict[str, list[ClusterFigures]] = {name: [] for name in variants}
+
+    def measure_floors() -> None:
+        floors["delete"].append(measure_floor(driver, messages, args.hints, args.page_size))
+        floors["record"].append(measure_floor(driver, messages, args.hints, args.page_size, record=True))
+        driver.purge()
+
+    def measure_drains(order: Sequence[str]) -> None:
+        for name in order:
+            drains[name].append(run_cluster(url, driver, 1, _args(**{**vars(args), "settings": variants[name]}),
+                                            log_dir))
+            driver.purge()  # its records: the next drain starts from a table as fresh as this one's
+
+    measure_floors()
+    measure_drains(list(variants))
+    measure_drains(list(reversed(variants)))
+    measure_floors()
+
+    def rates(name: str) -> list[float]:
+        return [figures.rate for figures in drains[name]]
+
+    def cpus(name: str) -> list[float] | None:
+        seconds = [figures.members[0].cpu_seconds for figures in drains[name]]
+        return None if None in seconds else [cpu / messages * 1e6 for cpu in seconds if cpu is not None]
+
+    rate, deleting, quiet = (statistics.fmean(rates(name)) for name in variants)
+    floor, record_floor = statistics.fmean(floors["delete"]), statistics.fmean(floors["record"])
+    drain = f"no-op drain, {messages:,} msgs, page 1 000, from release (mean of two)"
     rows = [
-        Row(drain, f"{figures.rate:,.0f} msgs/s", f"select+delete floor {floor:,.0f} msgs/s",
-            f"{figures.rate / floor:.2f}"),
+        Row(drain, _both(rates("defaults"), "msgs/s"), f"select+delete floor {_both(floors['delete'], 'msgs/s')}",
+            f"{rate / floor:.2f}"),
         Row("  the same drain, against what its successes write (delivery records, the default)",
-            f"{figures.rate:,.0f} msgs/s", f"select+record floor {record_floor:,.0f} msgs/s",
-            f"{figures.rate / record_floor:.2f}"),
-        Row("  the same drain, successes deleted (DELIVERY__RETENTION=PT0S)", f"{deleting.rate:,.0f} msgs/s",
-            f"select+delete floor {floor:,.0f} msgs/s", f"{deleting.rate / floor:.2f}"),
+            _both(rates("defaults"), "msgs/s"), f"select+record floor {_both(floors['record'], 'msgs/s')}",
+            f"{rate / record_floor:.2f}"),
+        Row("  the same drain, successes deleted (DELIVERY__RETENTION=PT0S)", _both(rates("PT0S"), "msgs/s"),
+            f"select+delete floor {_both(floors['delete'], 'msgs/s')}", f"{deleting / floor:.2f}"),
     ]
-    cpu, quiet_cpu = figures.members[0].cpu_seconds, quiet.members[0].cpu_seconds
-    if cpu is not None:
-        rows.append(Row("CPU per message of the worker process, no-op drain", f"{cpu / messages * 1e6:.1f} µs",
-                        "", ""))
-    on_cpu = f", {cpu / messages * 1e6:.1f} µs/msg" if cpu is not None else ""
-    off_cpu = f", {quiet_cpu / messages * 1e6:.1f} µs/msg" if quiet_cpu is not None else ""
+    on_cpu, off_cpu = cpus("defaults"), cpus("quiet")
+    if on_cpu is not None:
+        rows.append(Row("CPU per message of the worker process, no-op drain", _both(on_cpu, "µs", 1), "", ""))
     rows.append(Row("  what the metrics cost: the drain at defaults (endpoint on, scraped at the end)",
-                    f"{figures.rate:,.0f} msgs/s{on_cpu}", f"METRICS__ENABLED=false {quiet.rate:,.0f} msgs/s{off_cpu}",
-                    f"{figures.rate / quiet.rate:.2f}"))
+                    _both(rates("defaults"), "msgs/s") + (f", {statistics.fmean(on_cpu):.1f} µs/msg" if on_cpu else ""),
+                    f"METRICS__ENABLED=false {_both(rates('quiet'), 'msgs/s')}"
+                    + (f", {statistics.fmean(off_cpu):.1f} µs/msg" if off_cpu else ""),
+                    f"{rate / quiet:.2f}"))
     return rows
 
 
