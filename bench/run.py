@@ -243,7 +243,7 @@ def _worker_source() -> str:
     """Where the measured worker comes from: the benchmark's git revision says nothing of an install made from
     another tree (two revisions are compared each from its own install)."""
     package = Path(worker.__file__).resolve().parent
-    if package.is_relative_to(BENCH_TREE):
+    if package == BENCH_TREE / "worker":  # not merely under it: the README's install puts .venv in the tree
         return "this tree (an editable install)"
     return f"the install at {package.parent}"
 
