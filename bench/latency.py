@@ -99,6 +99,7 @@ def run(url: str, count: int) -> tuple[list[float], list[float]]:
     # The installed console script, started outside the repository: the source tree must not shadow the install
     # (its ``worker`` directory has no ``worker.migrations``: the package maps it from schema/ when installed).
     worker = subprocess.Popen(worker_command(), env=env, stdout=log, stderr=log, cwd=workdir)
+    failed = True  # until the measurement returns: the log a failure names is kept
     try:
         producer = psycopg.connect(conninfo, autocommit=True)
         warmup = 20
@@ -123,6 +124,7 @@ def run(url: str, count: int) -> tuple[list[float], list[float]]:
             if number >= warmup:
                 latencies.append(seen[row[0]] - sent)
         producer.close()
+        failed = False
         return latencies, floor
     finally:
         worker.terminate()
@@ -131,7 +133,7 @@ def run(url: str, count: int) -> tuple[list[float], list[float]]:
         calls.close()
         if code != 0:
             print(f"the worker exited with {code}; its log: {log_path}", file=sys.stderr)
-        else:
+        elif not failed:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
