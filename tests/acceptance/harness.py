@@ -10,6 +10,7 @@ whose slot is polled last prove that whole poll cycles ran after the state under
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from sqlalchemy.engine import make_url
 ACCEPTANCE_DIR = Path(__file__).resolve().parent
 DEADLINE = 30.0  # seconds: generous, for a loaded machine; waits end as soon as the condition holds
 STOP_DEADLINE = 20.0  # seconds a worker may take to exit after SIGTERM
+STACKS_HEADER = "Thread MainThread (most recent call last):"  # a line of the stacks SIGUSR1 writes
 PROBE = "probe"  # message_name of the messages that prove poll cycles ran
 
 T = TypeVar("T")
@@ -320,8 +322,11 @@ class WorkerProcess:
         try:
             return self.process.wait(timeout=STOP_DEADLINE)
         except subprocess.TimeoutExpired:
-            self.process.send_signal(signal.SIGUSR1)  # every thread's stack into its log: where it waits
-            time.sleep(1.0)  # pacing: the stacks are written by the process itself
+            # Every thread's stack into its log, where it waits: written by the process itself, then it is killed.
+            dumps = self.log().count(STACKS_HEADER)
+            self.process.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(Timeout):  # killed all the same: the log then lacks them
+                wait_until(lambda: self.log().count(STACKS_HEADER) > dumps, 2.0, "the worker's stacks in its log")
             self.process.kill()
             self.process.wait()
             return -9

@@ -609,27 +609,35 @@ def test_no_call_starts_on_a_slot_whose_lease_could_end_before_the_call(store: S
 
 
 class LateSlots(AllSlots):
-    """No slot until granted, as a replica's first lease round finds them; says when it was last looked at."""
+    """No slot until granted, as a replica's first lease round finds them. A look at the terms can be held
+    (``hold``): it reads them, says so (``looked``), and returns what it read once ``proceed`` is set."""
 
     def __init__(self, slot_count: int) -> None:
         super().__init__(slot_count)
         self.granted: tuple[int, ...] = ()
+        self.hold = threading.Event()
         self.looked = threading.Event()
+        self.proceed = threading.Event()
 
     def slots(self) -> tuple[int, ...]:
         return self.granted
 
     def terms(self) -> dict[int, Fence | None]:
-        self.looked.set()
-        return dict.fromkeys(self.granted)
+        read: dict[int, Fence | None] = dict.fromkeys(self.granted)
+        if self.hold.is_set():
+            self.hold.clear()
+            self.looked.set()
+            self.proceed.wait(10)
+        return read
 
 
-def test_slots_a_replica_acquires_are_fetched_at_once_when_it_held_none_before(
+def test_slots_a_replica_acquires_while_its_fetcher_is_busy_are_fetched_at_once(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The leases' round that acquired slots wakes the engine naming them (``on_acquired``) before any fetcher
-    has followed the leases: a fetcher wakes for them at once, not at its own turn a second later. One fetcher,
-    so that its turn is known: the one that just looked at the leases."""
+    """The leases' round that acquired slots calls ``Engine.acquired`` naming them. The fetcher may be busy then
+    (here: following the leases, which it read before the grant), so no wake-up reaches it; it must look at the
+    leases again before it waits, not wait its turn a second later with the slots unknown. One fetcher, so that
+    no other one takes them."""
     import worker.engine.engine as engine_module
 
     monkeypatch.setattr(engine_module, "FETCHERS", 1)
@@ -639,13 +647,13 @@ def test_slots_a_replica_acquires_are_fetched_at_once_when_it_held_none_before(
     calls = Calls()
     run = Engine(store, Router({"*": calls}), settings(poll={"interval": "PT60S"}), source)
     stop_at_teardown(lambda: run.stop(grace=0))
+    source.hold.set()
     run.start()
-    time.sleep(0.3)  # pacing: the fetcher found no slot and waits for its next turn (a second)
-    source.looked.clear()
-    wait_until(source.looked.is_set, "the fetcher's turn")  # it just began a second's wait
+    wait_until(source.looked.is_set, "the fetcher's look at the leases")  # no slot in what it read
     source.granted = (slot,)
     granted = time.monotonic()
-    run.acquired(source.slots())  # as the leases' round calls it
+    run.acquired(source.slots())  # as the leases' round calls it, while the fetcher is not waiting
+    source.proceed.set()
     wait_until(lambda: message in calls.ids(), "called")
     assert time.monotonic() - granted < 0.5, "the slots waited for the fetcher's own turn"
 
