@@ -20,7 +20,12 @@ One run, on one PostgreSQL database::
 Usage::
 
     .venv/bin/python bench/cluster.py [--url URL] [--messages 100000] [--hints 1000] [--replicas 1,2,4]
-                                      [--page-size 1000] [--concurrency 8] [--json]
+                                      [--page-size 1000] [--concurrency 8] [--statements] [--json]
+
+``--statements``: where the server's time went during each drain, statement by statement, from the
+``pg_stat_statements`` extension (the server must load it: ``shared_preload_libraries = 'pg_stat_statements'``);
+its counters are reset at the release and read when the drain is over, for this database only, and the
+benchmark's own looks at the table are left out.
 
 ``--url`` as in drain.py (default: ``CORRELATION_BENCH_DATABASE_URL``, else the local PostgreSQL server): a
 URL without a database name gets a throwaway database ``cw_bench_<random>``, dropped at the end; a URL naming
@@ -76,6 +81,8 @@ TROUBLE_METRICS = (
 )
 
 T = TypeVar("T")
+
+OWN = "/* cluster.py */ "  # begins the text of the benchmark's own statements during a drain (see --statements)
 
 
 # -- the worker processes ------------------------------------------------------------------------------------
@@ -245,7 +252,7 @@ def release(driver: PostgresDriver) -> int:
 def slot_terms(driver: PostgresDriver) -> dict[int, tuple[str, int]]:
     """Every slot whose lease runs now (by the database clock): its holder and fence."""
     rows = driver.connection.execute(
-        "SELECT name, locked_by, fence FROM correlation_lock WHERE name LIKE %s AND lock_until > now()",
+        OWN + "SELECT name, locked_by, fence FROM correlation_lock WHERE name LIKE %s AND lock_until > now()",
         (SLOT_PREFIX + "%",),
     )
     return {int(name.removeprefix(SLOT_PREFIX)): (str(holder), int(fence)) for name, holder, fence in rows}
@@ -260,7 +267,7 @@ def slot_terms(driver: PostgresDriver) -> dict[int, tuple[str, int]]:
 # the probes took the index of every slot's ready rows once the statistics (taken while the backlog was paused)
 # priced both at one row, and the watcher's look at the table cost 25-130 ms of the server's CPU every 50 ms of
 # a drain it was timing.
-_SLOTS_WITH_WORK = """
+_SLOTS_WITH_WORK = OWN + """
     SELECT s.slot FROM generate_series(0, %(last)s) AS s (slot)
      WHERE (SELECT m.correlation_hint FROM correlation_message m
              WHERE m.slot = ANY(ARRAY[CAST(s.slot AS smallint)]) AND m.state = 'ready' AND m.next_attempt_at IS NULL
@@ -274,7 +281,7 @@ _SLOTS_WITH_WORK = """
 def slots_with_work(driver: PostgresDriver, slot_count: int) -> set[int]:
     """The slots that still hold a ready message (see ``_SLOTS_WITH_WORK``)."""
     with driver.connection.transaction():
-        driver.connection.execute("SET LOCAL enable_sort = off")
+        driver.connection.execute(OWN + "SET LOCAL enable_sort = off")
         rows = driver.connection.execute(_SLOTS_WITH_WORK, {"last": slot_count - 1}).fetchall()
     return {int(slot) for (slot,) in rows}
 
@@ -298,7 +305,7 @@ def process_cpu_seconds(pid: int, command: str | None = None) -> float | None:
 def backend_cpu_seconds(driver: PostgresDriver) -> dict[int, float] | None:
     """CPU so far of this database's server processes but the benchmark's own; None if the server is not local."""
     rows = driver.connection.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        OWN + "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
     seconds = {int(pid): process_cpu_seconds(int(pid), "postgres") for (pid,) in rows}
     known = {pid: cpu for pid, cpu in seconds.items() if cpu is not None}
@@ -397,6 +404,50 @@ class ReplicaFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class StatementFigures:
+    """One statement's part of the server's time during a drain (``pg_stat_statements``)."""
+
+    query: str  # its text as the extension keeps it (constants as $1, $2 …), on one line
+    calls: int
+    rows: int
+    milliseconds: float  # total execution time
+
+
+# The workers' statements during a drain: this database's, the benchmark's own (its watch, its looks at the leases
+# and at the server's processes, the reset itself) left out by their text. The transactions of its watch (a BEGIN
+# and a COMMIT every WATCH_INTERVAL) cannot be told from the workers' and stay in, at a few µs each.
+_STATEMENTS = """
+    SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, rows, total_exec_time
+      FROM pg_stat_statements
+     WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND query NOT LIKE '/* cluster.py */%%' AND query NOT LIKE '%%pg_stat_statements%%'
+     ORDER BY total_exec_time DESC"""
+
+
+def statements_reset(driver: PostgresDriver) -> None:
+    """Zero this database's ``pg_stat_statements`` counters."""
+    driver.connection.execute(
+        "SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database WHERE datname = current_database()), 0)"
+    )
+
+
+def statements_read(driver: PostgresDriver) -> tuple[StatementFigures, ...]:
+    """The workers' statements since :func:`statements_reset`, the costliest first."""
+    rows = driver.connection.execute(_STATEMENTS).fetchall()
+    return tuple(StatementFigures(str(query).strip(), int(calls), int(count), round(float(ms), 3))
+                 for query, calls, count, ms in rows)
+
+
+def statements_check(driver: PostgresDriver) -> None:
+    """Stop with one line unless the server loads ``pg_stat_statements``; create it in this database."""
+    (loaded,) = driver.connection.execute("SELECT current_setting('shared_preload_libraries')").fetchone() or ("",)
+    if "pg_stat_statements" not in str(loaded):
+        raise SystemExit("--statements: the server does not load pg_stat_statements (shared_preload_libraries = "
+                         f"{loaded!r}); add it and restart the server")
+    driver.connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterFigures:
     """One replica count's measurements."""
 
@@ -406,6 +457,7 @@ class ClusterFigures:
     balance_seconds: float  # from starting the processes to a stable spread of the slots
     cpu: CpuFigures | None
     members: tuple[ReplicaFigures, ...]
+    statements: tuple[StatementFigures, ...] = ()  # with --statements
 
 
 def run_cluster(
@@ -441,6 +493,8 @@ def run_cluster(
         }
         released = release(driver)
         released_at = time.perf_counter()
+        if getattr(args, "statements", False):
+            statements_reset(driver)
         cpu_before = CpuSample.take(replicas, driver)  # after the release, whose own second is not the drain's
         if released != args.messages:
             raise SystemExit(f"released {released} messages, expected {args.messages}")
@@ -459,6 +513,7 @@ def run_cluster(
         seconds = wait_for(drained, drain_deadline, f"the drain by {count} replicas", replicas)
 
         cpu_after = CpuSample.take(replicas, driver)
+        statements = statements_read(driver) if getattr(args, "statements", False) else ()
         terms_after = slot_terms(driver)
         scrapes = [replica.scrape() if metrics_on else recorded(driver, replica) for replica in replicas]
         codes = [replica.stop() for replica in replicas]
@@ -483,7 +538,7 @@ def run_cluster(
         )
     )
     cpu = CpuFigures.between(cpu_before, cpu_after)
-    return ClusterFigures(count, seconds, args.messages / seconds, balance_seconds, cpu, members)
+    return ClusterFigures(count, seconds, args.messages / seconds, balance_seconds, cpu, members, statements)
 
 
 def recorded(driver: PostgresDriver, replica: Replica) -> Scrape:
@@ -563,12 +618,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--concurrency", type=int, default=8, help="CORRELATION_POLL__CONCURRENCY: lanes per replica (default 8)"
     )
+    parser.add_argument(
+        "--statements", action="store_true",
+        help="also print where the server's time went, statement by statement (needs pg_stat_statements loaded)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     args = parser.parse_args(argv)
     args.settings = None  # CORRELATION_ variables of run.py's rows; this command runs the benchmark's own
     if args.messages < 1 or args.hints < 1 or args.page_size < 1 or args.concurrency < 1:
         parser.error("--messages, --hints, --page-size and --concurrency must be at least 1")
     return args
+
+
+STATEMENTS_SHOWN = 8
+
+
+def print_statements(statements: Sequence[StatementFigures], messages: int) -> None:
+    """The costliest statements of a drain: time in all, per message drained, and share of the workers' total."""
+    total = sum(statement.milliseconds for statement in statements)
+    print(f"  the workers' statements: {total:,.0f} ms of execution in all, {total * 1000 / messages:.1f} µs per "
+          "message (time inside the server, waits for a CPU and for locks included)")
+    for statement in statements[:STATEMENTS_SHOWN]:
+        print(f"  {statement.milliseconds:>9,.0f} ms {statement.milliseconds / total:>4.0%} "
+              f"{statement.milliseconds * 1000 / messages:>6.1f} µs/msg {statement.calls:>6} calls "
+              f"{statement.rows:>7} rows  {statement.query[:90]}")
+    rest = statements[STATEMENTS_SHOWN:]
+    if rest:
+        print(f"  {sum(s.milliseconds for s in rest):>9,.0f} ms in {len(rest)} other statements")
 
 
 def report(runs: Sequence[ClusterFigures], floor: float, args: argparse.Namespace, server: str) -> None:
@@ -593,6 +669,8 @@ def report(runs: Sequence[ClusterFigures], floor: float, args: argparse.Namespac
                 f"  {member.name:<16} {member.slots:>2} slots {member.messages:>9,} messages "
                 f"({member.messages / args.messages:6.1%}), its slots empty at {member.done_at:.2f} s{used}"
             )
+        if run.statements:
+            print_statements(run.statements, args.messages)
     base = next((run.rate for run in runs if run.replicas == 1), None)
     print()
     print(f"{'replicas':>8} {'msgs/s':>10} {'vs 1':>6} {'vs floor':>9}  per-replica share of the messages")
@@ -649,6 +727,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.slots = migrate(database_url)
         driver = PostgresDriver(database_url)
         stack.callback(driver.close)
+        if args.statements:
+            statements_check(driver)
         present = driver.count()
         if present:
             raise SystemExit(f"the database already holds {present} messages; give an empty one")
