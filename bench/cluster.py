@@ -24,8 +24,8 @@ Usage::
 
 ``--statements``: where the server's time went during each drain, statement by statement, from the
 ``pg_stat_statements`` extension (the server must load it: ``shared_preload_libraries = 'pg_stat_statements'``);
-its counters are reset at the release and read when the drain is over, for this database only, and the
-benchmark's own looks at the table are left out.
+its counters are reset just before the release and read when the drain is over, for this database only, and the
+benchmark's own statements (the release, its looks at the table) are left out.
 
 ``--url`` as in drain.py (default: ``CORRELATION_BENCH_DATABASE_URL``, else the local PostgreSQL server): a
 URL without a database name gets a throwaway database ``cw_bench_<random>``, dropped at the end; a URL naming
@@ -242,10 +242,10 @@ def release(driver: PostgresDriver) -> int:
     resume does (a notification naming the slots), so that they work on their default poll interval."""
     with driver.connection.transaction():
         cursor = driver.connection.execute(
-            "UPDATE correlation_message SET state = 'ready' WHERE state = 'paused' RETURNING slot"
+            OWN + "UPDATE correlation_message SET state = 'ready' WHERE state = 'paused' RETURNING slot"
         )
         slots = sorted({row[0] for row in cursor.fetchall()})
-        driver.connection.execute("SELECT pg_notify('correlation_message', %s)", (",".join(map(str, slots)),))
+        driver.connection.execute(OWN + "SELECT pg_notify('correlation_message', %s)", (",".join(map(str, slots)),))
     return cursor.rowcount
 
 
@@ -413,14 +413,14 @@ class StatementFigures:
     milliseconds: float  # total execution time
 
 
-# The workers' statements during a drain: this database's, the benchmark's own (its watch, its looks at the leases
-# and at the server's processes, the reset itself) left out by their text. The transactions of its watch (a BEGIN
-# and a COMMIT every WATCH_INTERVAL) cannot be told from the workers' and stay in, at a few µs each.
+# The workers' statements during a drain: this database's, the benchmark's own (the release, its watch, its looks
+# at the leases and at the server's processes, the reset itself) left out by their text. The transactions of its
+# watch (a BEGIN and a COMMIT every WATCH_INTERVAL) cannot be told from the workers' and stay in, a few µs each.
 _STATEMENTS = """
     SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, rows, total_exec_time
       FROM pg_stat_statements
      WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND query NOT LIKE '/* cluster.py */%%' AND query NOT LIKE '%%pg_stat_statements%%'
+       AND query NOT LIKE '/* cluster.py */%' AND query NOT LIKE '%pg_stat_statements%'
      ORDER BY total_exec_time DESC"""
 
 
@@ -491,10 +491,10 @@ def run_cluster(
             replica.name: {slot for slot, (holder, _fence) in terms.items() if replica.owns(holder)}
             for replica in replicas
         }
+        if getattr(args, "statements", False):
+            statements_reset(driver)  # before the release: the replicas' first fetches it wakes are counted whole
         released = release(driver)
         released_at = time.perf_counter()
-        if getattr(args, "statements", False):
-            statements_reset(driver)
         cpu_before = CpuSample.take(replicas, driver)  # after the release, whose own second is not the drain's
         if released != args.messages:
             raise SystemExit(f"released {released} messages, expected {args.messages}")
@@ -635,7 +635,7 @@ STATEMENTS_SHOWN = 8
 
 def print_statements(statements: Sequence[StatementFigures], messages: int) -> None:
     """The costliest statements of a drain: time in all, per message drained, and share of the workers' total."""
-    total = sum(statement.milliseconds for statement in statements)
+    total = max(sum(statement.milliseconds for statement in statements), 1e-9)
     print(f"  the workers' statements: {total:,.0f} ms of execution in all, {total * 1000 / messages:.1f} µs per "
           "message (time inside the server, waits for a CPU and for locks included)")
     for statement in statements[:STATEMENTS_SHOWN]:
