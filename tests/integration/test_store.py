@@ -766,6 +766,163 @@ def test_marking_calls_reads_their_rows_by_primary_key_even_when_statistics_saw_
     assert _touched(touched) <= 2 * len(rows), f"the mark read {_touched(touched)} message rows for {len(rows)}"
 
 
+_CONSOLE_INDEXES = {"correlation_message_name_state_id_idx", "correlation_message_held_state_idx"}
+
+
+def _burst(store: Store, messages: int = 20_000, hints: int = 1000) -> None:
+    with store.engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO correlation_message (message_name, correlation_hint) "
+            "SELECT 'n', 'hint-' || (g % :hints) FROM generate_series(1, :messages) g"
+        ), {"messages": messages, "hints": hints})
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+def test_a_burst_after_a_quiet_spell_of_delivery_records_costs_the_engine_what_it_reads(
+    store: Store, generic: bool
+) -> None:
+    """Autovacuum analyzes the table between two bursts, when it holds delivery records only (the default
+    retention): the statistics say no row is live. The console's indexes of live messages then looked empty, and
+    every statement of the engine could read them (their predicates were the states it names): the next burst's
+    probes by hint and the group commit's locks by id each read all of it, and a replica drained a few hundred
+    messages a second. The engine's statements reach the burst through their own indexes, whatever is planned."""
+    from worker.db import calls
+    from worker.db.fetch import _batches_statement, _slot_fetch_sql
+
+    _burst(store)
+    with store.engine.begin() as connection:
+        connection.execute(text(
+            "UPDATE correlation_message SET state = 'delivered', outcome = 'correlated', finished_at = now(), "
+            "finished_by = 'r', payload = '{}'"
+        ))
+        connection.execute(text("ANALYZE correlation_message"))
+    _burst(store)
+    slot = _slot(store, "hint-7")
+    plans = {
+        "candidates": _explain(store, _slot_fetch_sql().text,
+                               {"slot": slot, "after": "", "budget": 100, "skip": [], "passed": []}, generic),
+    }
+    hints = list(store.messages_candidates(slot, "", 100).fresh)
+    assert len(hints) > 5
+    plans["batches"] = _explain(store, _batches_statement("postgresql", Mode.FAIL_FIRST).text,
+                                {"hints": hints, "horizon": 2**62, "per_hint": 100, "limit": 100}, generic)
+    with store.engine.begin() as connection:
+        rows = connection.execute(text(
+            "SELECT id, slot FROM correlation_message WHERE state = 'ready' ORDER BY id LIMIT 500"
+        )).all()
+        connection.execute(text(
+            "INSERT INTO correlation_call (message_id, slot, fence, holder, run_head) "
+            "SELECT id, slot, 1, 'r', id FROM correlation_message WHERE state = 'ready' ORDER BY id LIMIT 500"
+        ))
+    plans["group commit"] = _explain(store, calls._FLUSH_SUCCESSES_RECORD_PG.text, {
+        "ids": [str(row.id) for row in rows], "slots": [str(row.slot) for row in rows],
+        "fences": ["1"] * len(rows), "results": ["{}"] * len(rows), "by": "r",
+    }, generic)
+    for name, nodes in plans.items():
+        assert not {n.get("Index Name") for n in nodes} & _CONSOLE_INDEXES, f"{name} reads a console index"
+    assert _touched(plans["candidates"]) < 1_000, f"candidates touched {_touched(plans['candidates'])} rows"
+    assert _touched(plans["batches"]) < 2_000, f"the batches touched {_touched(plans['batches'])} rows"
+    messages = [n for n in plans["group commit"] if n.get("Relation Name") == "correlation_message"]
+    assert _touched(messages) <= 3 * len(rows), f"the commit touched {_touched(messages)} message rows"
+
+
+def _quiet_after_a_burst(store: Store) -> None:
+    """A queue whose successes are deleted (retention PT0S), empty between two bursts and vacuumed so: ANALYZE of
+    an empty table keeps the statistics its columns had during the earlier burst."""
+    _burst(store)
+    with store.engine.connect() as connection:
+        autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
+        autocommit.execute(text("ANALYZE correlation_message"))
+        autocommit.execute(text("DELETE FROM correlation_message"))
+        autocommit.execute(text("VACUUM ANALYZE correlation_message"))
+
+
+def test_a_fetch_keeps_the_batches_plan_only_once_the_table_has_a_size_to_plan_for(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batches' statement runs on a generic plan kept for the connection. Made on an empty table, where every
+    path costs nothing, it read each hint's batch through the primary key, and the next burst's probes each read
+    every row of it until autovacuum came by. A fetch keeps the plan only once the previous one saw the table
+    past PAGE_PLAN_KEPT_FROM on disk; below, the statement is planned at each run."""
+    import psycopg
+
+    from worker.db.fetch import _PAGE_HINTS, PAGE_PLAN_KEPT_FROM
+
+    _quiet_after_a_burst(store)
+    kept: list[bool | None] = []
+    execute = psycopg.Cursor.execute
+
+    def recording(cursor: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        if isinstance(query, str) and f"current_setting('{_PAGE_HINTS}'" in query:  # the batches' statement
+            kept.append(options.get("prepare"))
+        return execute(cursor, query, params, **options)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recording)
+    slot = _slot(store, "hint-7")
+
+    def fetch() -> int:
+        candidates, fetched = store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=100, mode=Mode.FAIL_FIRST)
+        assert candidates.table_bytes is not None
+        return len(fetched.messages)
+
+    assert fetch() == 0
+    _burst(store)
+    assert fetch() == 100  # planned at this run: the last fetch saw an empty table
+    assert store._table_bytes >= PAGE_PLAN_KEPT_FROM
+    assert fetch() == 100
+    assert kept == [False, False, True]
+
+
+def test_batches_planned_at_a_bursts_size_read_each_hints_rows_whatever_the_statistics(store: Store) -> None:
+    """What a fetch's kept plan is made on (see the test above): a burst in a table whose statistics are those of
+    an earlier one, never analyzed since. Run as a fetch runs it (its hints and horizon set for the transaction by
+    the candidates' statement), each probe reads its hint's rows only."""
+    from worker.db.fetch import _GENERIC_PLANS, _PAGE_HINTS, _PAGE_HORIZON, _page_sql
+
+    _quiet_after_a_burst(store)
+    _burst(store)
+    hints = "{" + ",".join(f"hint-{n}" for n in range(5)) + "}"
+    sql = _page_sql(Mode.FAIL_FIRST).replace("%(per_hint)s", "$1").replace("%(limit)s", "$2")
+    with store.engine.connect() as connection:
+        connection.exec_driver_sql(f"PREPARE page(int, int) AS {sql}")
+        connection.exec_driver_sql(_GENERIC_PLANS)
+        connection.exec_driver_sql(f"SELECT set_config('{_PAGE_HINTS}', '{hints}', true), "
+                                   f"set_config('{_PAGE_HORIZON}', '4611686018427387904', true)")
+        raw = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page(100, 100)").scalar_one()
+        connection.exec_driver_sql("DEALLOCATE page")
+    nodes = _walk(dict((raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]))
+    assert nodes[0]["Actual Rows"] == 100
+    read = _touched([n for n in nodes if n.get("Relation Name") == "correlation_message"])
+    assert read < 1_000, f"a page of 100 of 5 hints read {read} message rows"
+
+
+def test_the_consoles_lists_of_live_messages_still_read_their_own_indexes(store: Store) -> None:
+    """Revision 0013 made the console's indexes partial on ``finished_at IS NULL``: its reads of live messages
+    name it beside the state, so that a name's messages and the dead letters are still ordered index ranges."""
+    from sqlalchemy.dialects import postgresql
+
+    from worker.db.console import _ids_in_order
+
+    with store.engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO correlation_message (message_name, correlation_hint, state) "
+            "SELECT 'name-' || (g % 500), 'hint-' || g, CASE WHEN g % 97 = 0 THEN 'dead' ELSE 'ready' END "
+            "FROM generate_series(1, 60000) g"
+        ))
+        connection.execute(text("ANALYZE correlation_message"))
+    for selection, index in (
+        (MessageFilter(name="name-7"), "correlation_message_name_state_id_idx"),
+        (MessageFilter(name="name-7", state=MessageState.DEAD), "correlation_message_name_state_id_idx"),
+        (MessageFilter(state=MessageState.DEAD), "correlation_message_held_state_idx"),
+    ):
+        statement = _ids_in_order(selection, 0, 50)
+        sql = str(statement.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+        nodes = _explain(store, sql, {}, False)
+        assert index in {n.get("Index Name") for n in nodes}, (selection, nodes)
+        read = _touched([n for n in nodes if n.get("Relation Name") == "correlation_message"])
+        assert read <= 3 * 50, f"{selection}: a page of 50 read {read} rows"
+
+
 def test_a_connection_an_error_left_in_pipeline_mode_is_let_go_not_reset(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

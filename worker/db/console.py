@@ -6,8 +6,10 @@ rows"):
 
 - **Keyset pages** in id order. A filter on a name or a hint without a state is read as one index range per
   state (``ready``, ``paused``, ``dead``) merged by id, so that each range is an ordered index scan that stops
-  after a page: ``(message_name, state, id)``, ``(correlation_hint, id) WHERE state = 'ready'``,
-  ``(correlation_hint, state, id) WHERE state <> 'ready'``, ``(state, id) WHERE state <> 'ready'``.
+  after a page (PostgreSQL's indexes): ``(message_name, state, id) WHERE finished_at IS NULL``,
+  ``(correlation_hint, id) WHERE state = 'ready'``, ``(correlation_hint, state, id)`` and ``(state, id)`` of
+  paused and dead messages (the latter's also ``finished_at IS NULL``). The console's own indexes are partial on
+  ``finished_at IS NULL``, which its reads of live messages say beside the state and the engine never says.
 - Filters no index serves (text in ``last_error``, a ``created_at`` range) are applied to a **scan window**
   of at most ``scan`` rows of the indexed filter: a page may come back short with a ``next`` cursor that
   continues after the window.
@@ -156,6 +158,12 @@ class LiftEnd:
 # -- statement builders ------------------------------------------------------------------------------------------
 
 
+# A live message, as the console's indexes of live messages say it (schema revision 0013): a message has no end
+# until it becomes its delivery record. Said beside the state, so that those indexes serve the console's reads,
+# which no statement of the engine says (their predicates once were the states it reads).
+_LIVE = m.finished_at.is_(None)
+
+
 def _conditions(selection: MessageFilter, state: MessageState | None) -> list[ColumnElement[bool]]:
     conditions: list[ColumnElement[bool]] = []
     if selection.ids:
@@ -166,8 +174,10 @@ def _conditions(selection: MessageFilter, state: MessageState | None) -> list[Co
         conditions.append(m.correlation_hint == selection.hint)
     if state is not None:
         conditions.append(m.state == state.value)
+        if state is not MessageState.DELIVERED:
+            conditions.append(_LIVE)
     elif not selection.ids:  # the live messages: records only when asked for by state (or by id)
-        conditions.append(m.state != MessageState.DELIVERED.value)
+        conditions += [m.state != MessageState.DELIVERED.value, _LIVE]
     return conditions
 
 
@@ -204,10 +214,10 @@ def _census_conditions(now: datetime) -> dict[str, list[ColumnElement[bool]]]:
     ``expires_at``, awaiting cleanup; the other states count unexpired rows)."""
     due = m.next_attempt_at.is_(None) | (m.next_attempt_at <= now)
     return {
-        "ready": [m.state == MessageState.READY.value, due, _unexpired(now)],
-        "waiting": [m.state == MessageState.READY.value, m.next_attempt_at > now, _unexpired(now)],
-        "paused": [m.state == MessageState.PAUSED.value, _unexpired(now)],
-        "dead": [m.state == MessageState.DEAD.value, _unexpired(now)],
+        "ready": [m.state == MessageState.READY.value, _LIVE, due, _unexpired(now)],
+        "waiting": [m.state == MessageState.READY.value, _LIVE, m.next_attempt_at > now, _unexpired(now)],
+        "paused": [m.state == MessageState.PAUSED.value, _LIVE, _unexpired(now)],
+        "dead": [m.state == MessageState.DEAD.value, _LIVE, _unexpired(now)],
         "expired": [m.expires_at.is_not(None), m.expires_at <= now],
     }
 
@@ -482,7 +492,7 @@ class ConsoleStatements(MessageStatements, FetchStatements):
         """
         window = (
             select(m.id, m.pause_id)
-            .where(m.message_name == name, m.state == MessageState.PAUSED.value, m.id > after)
+            .where(m.message_name == name, m.state == MessageState.PAUSED.value, _LIVE, m.id > after)
             .order_by(m.id)
             .limit(chunk)
             .with_for_update()

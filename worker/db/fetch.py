@@ -57,6 +57,7 @@ class Candidates:
     next_due: datetime | None  # the earliest due time still to come in the slot
     now: datetime  # the database clock when they were read
     horizon: HorizonReading | None = None  # the commit-order horizon read by the same statement (PostgreSQL)
+    table_bytes: int | None = None  # the message table's size on disk then (PostgreSQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +223,8 @@ def _slot_fetch_sql(hashed: bool = False, reused: bool = False) -> TextClause:
         return _fresh_probe(":slot", after, bound)
 
     wrap = "AND m.correlation_hint <= :after"
-    nothing = "CAST(NULL AS timestamptz), CAST(NULL AS bigint), CAST(NULL AS bigint[]), CAST(NULL AS text[])"
+    nothing = ("CAST(NULL AS timestamptz), CAST(NULL AS bigint), CAST(NULL AS bigint[]), CAST(NULL AS text[]), "
+               "CAST(NULL AS bigint)")
     return text(
         f"""
         WITH RECURSIVE after_cursor(hint) AS (
@@ -252,9 +254,10 @@ def _slot_fetch_sql(hashed: bool = False, reused: bool = False) -> TextClause:
         UNION ALL
         SELECT 'n', NULL, (SELECT min(m.next_attempt_at) FROM correlation_message m
                             WHERE m.slot = :slot AND m.state = 'ready' AND m.next_attempt_at > now()),
-               CAST(NULL AS bigint), CAST(NULL AS bigint[]), CAST(NULL AS text[])
+               CAST(NULL AS bigint), CAST(NULL AS bigint[]), CAST(NULL AS text[]), CAST(NULL AS bigint)
         UNION ALL
-        SELECT 't', NULL, now(), h.last_id, h.pin_ids, h.pin_holders FROM h
+        SELECT 't', NULL, now(), h.last_id, h.pin_ids, h.pin_holders,
+               pg_relation_size(CAST('correlation_message' AS regclass)) FROM h
          WHERE set_config('{_PAGE_HINTS}', CAST(ARRAY(SELECT hint FROM d UNION SELECT hint FROM f) AS text), true)
                  IS NOT NULL
            AND set_config('{_PAGE_HORIZON}', CAST(h.horizon AS text), true) IS NOT NULL
@@ -299,32 +302,52 @@ def _in_flight(dialect: str, row: str) -> str:
 
 
 def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
-    """One hint's batch: ready, due, unexpired messages in id order below the first that holds it back."""
+    """One hint's batch: ready, due, unexpired messages in id order below the first that holds it back.
+
+    On PostgreSQL each probe reads its hint's own index (of ready, of delayed, of paused and dead rows), whatever
+    the statistics say. A generic plan made while the table was empty (a quiet queue whose rows were deleted, and
+    vacuumed) prices every path at nothing, and the primary key, which gives id order too and comes first, won:
+    each probe of the next burst then read every row of the table, filtering by hint (a few thousand messages a
+    second). The hint is compared through ANY and the order asked for is (hint, id): only the hint's index gives
+    it without a sort, which the primary key would need on top of its scan (as :func:`_fresh_probe` does with
+    the slot)."""
     now = _now_sql(dialect)
     unexpired = f"(b.expires_at IS NULL OR b.expires_at > {now})"
     least = "LEAST" if dialect == "postgresql" else "min"
+    if dialect == "postgresql":
+        def of_hint(row: str) -> str:
+            return f"{row}.correlation_hint = ANY(ARRAY[CAST({hint_expression} AS text)])"
+
+        def in_order(row: str) -> str:
+            return f"{row}.correlation_hint, {row}.id"
+    else:
+        def of_hint(row: str) -> str:
+            return f"{row}.correlation_hint = {hint_expression}"
+
+        def in_order(row: str) -> str:
+            return f"{row}.id"
     blockers = [
         f"""COALESCE((SELECT b.id FROM correlation_message b
-                       WHERE b.correlation_hint = {hint_expression} AND b.state = 'paused' AND {unexpired}
-                       ORDER BY b.id LIMIT 1), :horizon + 1)""",
+                       WHERE {of_hint("b")} AND b.state = 'paused' AND {unexpired}
+                       ORDER BY {in_order("b")} LIMIT 1), :horizon + 1)""",
         f"""COALESCE((SELECT b.id FROM correlation_message b
-                       WHERE b.correlation_hint = {hint_expression} AND b.state = 'ready'
+                       WHERE {of_hint("b")} AND b.state = 'ready'
                          AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > {now} AND {unexpired}
-                       ORDER BY b.id LIMIT 1), :horizon + 1)""",
+                       ORDER BY {in_order("b")} LIMIT 1), :horizon + 1)""",
     ]
     if mode is Mode.FAIL_FIRST:
         blockers.append(
             f"""COALESCE((SELECT b.id FROM correlation_message b
-                           WHERE b.correlation_hint = {hint_expression} AND b.state = 'dead' AND {unexpired}
-                           ORDER BY b.id LIMIT 1), :horizon + 1)"""
+                           WHERE {of_hint("b")} AND b.state = 'dead' AND {unexpired}
+                           ORDER BY {in_order("b")} LIMIT 1), :horizon + 1)"""
         )
     return f"""
         SELECT {ENGINE_COLUMNS}, {_in_flight(dialect, "m")} FROM correlation_message m
-         WHERE m.correlation_hint = {hint_expression} AND m.state = 'ready' AND m.id <= :horizon
+         WHERE {of_hint("m")} AND m.state = 'ready' AND m.id <= :horizon
            AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= {now})
            AND (m.expires_at IS NULL OR m.expires_at > {now})
            AND m.id < {least}({", ".join(blockers)})
-         ORDER BY m.id LIMIT :per_hint"""
+         ORDER BY {in_order("m")} LIMIT :per_hint"""
 
 
 def _batches_statement(dialect: str, mode: Mode) -> TextClause:
@@ -520,8 +543,20 @@ _PARK_BY_DIALECT = {"postgresql": text(_PARK.format(lock=" FOR KEY SHARE")), "sq
 
 
 
+# The batches' statement runs on a generic plan made at its first run on a connection and kept (see
+# _rows_of_generic_plan), until something invalidates it: a vacuum of the table, usually. Made while the table was
+# empty or nearly (a quiet queue whose successes are deleted, vacuumed so), that plan prices every path at nothing,
+# and it chose the primary key for the probes of each hint's batch: the next burst then drained at a few thousand
+# messages a second, each probe reading every row, until autovacuum came by again. So the plan is kept only once
+# the table is this large (1 MiB, a few thousand messages), as the previous fetch of the replica saw it on disk;
+# below, the statement is planned at each fetch, at the table's size then (about half a millisecond).
+PAGE_PLAN_KEPT_FROM = 1 << 20
+
+
 class FetchStatements(StoreBase):
     """The engine's reads of a slot's work (and the writes that put unreadable or paused rows aside)."""
+
+    _table_bytes = 0  # the message table's size as the last fetch saw it (PostgreSQL; see PAGE_PLAN_KEPT_FROM)
 
     def messages_candidates(self, slot: int, after: str, budget: int, skip: Sequence[str] = ()) -> Candidates:
         """A slot's hints that may have work: up to ``budget`` with fresh messages after ``after`` (wrapping
@@ -621,6 +656,8 @@ class FetchStatements(StoreBase):
     ) -> tuple[Candidates, Fetched]:
         statement = _slot_fetch(skipped, reused=params["reuse"] is not None)
         page_sql = _page_marking_sql(mode) if marking else _page_sql(mode)
+        # The page's plan is kept only once the table has a size to plan for (see PAGE_PLAN_KEPT_FROM).
+        keep_plan = PREPARED and self._table_bytes >= PAGE_PLAN_KEPT_FROM
         clock, page = driver.cursor(), driver.cursor(binary=True)
         with clock, page:
             if _PIPELINE and driver.autocommit:
@@ -628,13 +665,14 @@ class FetchStatements(StoreBase):
                 with driver.pipeline():
                     driver.execute(_GENERIC_PLANS)  # the slot's statement's too: made at every run otherwise
                     clock.execute(driver_sql(statement), params, prepare=PREPARED)
-                    page.execute(page_sql, params, prepare=PREPARED)
+                    page.execute(page_sql, params, prepare=keep_plan)
             else:  # a libpq without pipelines: the same statements, a round trip each
                 with driver.transaction():
                     clock.execute(driver_sql(statement), params, prepare=PREPARED)
-                    page.execute(page_sql, params, prepare=PREPARED)
+                    page.execute(page_sql, params, prepare=keep_plan)
             candidates = _candidates_of(clock.fetchall())
             rows = page.fetchall()
+        self._table_bytes = candidates.table_bytes or 0
         if not marking:
             return candidates, _fetched(rows, sqlite=False, now=candidates.now)
         marked = frozenset(int(row[0]) for row in rows if row[-2])
@@ -777,14 +815,15 @@ def _fetched(rows: Sequence[Any], *, sqlite: bool, now: datetime) -> Fetched:
 
 
 def _candidates_of(rows: Sequence[Any]) -> Candidates:
-    """The rows of :func:`_slot_fetch_sql`: (kind, hint, time, last_id, pin_ids, pin_holders)."""
+    """The rows of :func:`_slot_fetch_sql`: (kind, hint, time, last_id, pin_ids, pin_holders, table_bytes)."""
     clock = next(row for row in rows if row[0] == "t")
     return Candidates(
         fresh=tuple(row[1] for row in rows if row[0] == "f"),
         due=tuple(dict.fromkeys(row[1] for row in rows if row[0] == "d")),
         next_due=next(row[2] for row in rows if row[0] == "n"),
         now=clock[2],
-        horizon=_horizon_reading(*clock[3:]),
+        horizon=_horizon_reading(*clock[3:6]),
+        table_bytes=int(clock[6]),
     )
 
 

@@ -1,0 +1,4 @@
+-- correlation-worker schema, revision 0013, SQLite: nothing changes. The PostgreSQL revision moves the console's
+-- indexes of live messages out of the engine's reach (its planner chose them from statistics taken between two
+-- bursts); SQLite's planner uses a partial index only for a query whose WHERE names its predicate's terms, and
+-- the engine's statements name neither index's.
