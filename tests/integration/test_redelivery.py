@@ -763,18 +763,27 @@ def test_a_fetchs_run_ends_before_a_call_in_flight_a_paused_name_and_a_message_d
 
 def test_a_fetch_prepares_its_statements_at_their_first_run_and_the_slots_runs_its_generic_plan(store: Store) -> None:
     """After one fetch, its connection holds both statements prepared (psycopg's own threshold is the fifth run),
-    and the slot's statement has been planned generic, not for its values (a custom plan is made at every run)."""
+    and the slot's statement has been planned generic, not for its values (a custom plan is made at every run).
+    The batches' statement is kept only once a fetch saw the table past PAGE_PLAN_KEPT_FROM: below, it is planned
+    at each run (test_a_fetch_keeps_the_batches_plan_only_once_the_table_has_a_size_to_plan_for)."""
+    from worker.db.fetch import PAGE_PLAN_KEPT_FROM
+
     slot = slot_of(store, send(store, "a-1"))
-    store.engine.dispose()  # the fetch's connection is the only one in the pool afterwards
-    store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=1000, mode=Mode.FAIL_FIRST)
-    with store.engine.connect() as connection:
-        rows = connection.execute(text(
-            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
-            " WHERE statement LIKE '%correlation_message%' AND from_sql = false"
-        )).all()
-    plans = {("slot" if "after_cursor" in sql else "batches" if "AS batch" in sql else sql): (generic, custom)
-             for sql, generic, custom in rows}
-    assert plans == {"slot": (1, 0), "batches": (1, 0)}, plans
+
+    def prepared() -> dict[str, tuple[int, int]]:
+        store.engine.dispose()  # the fetch's connection is the only one in the pool afterwards
+        store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=1000, mode=Mode.FAIL_FIRST)
+        with store.engine.connect() as connection:
+            rows = connection.execute(text(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%correlation_message%' AND from_sql = false"
+            )).all()
+        return {("slot" if "after_cursor" in sql else "batches" if "AS batch" in sql else sql): (generic, custom)
+                for sql, generic, custom in rows}
+
+    assert prepared() == {"slot": (1, 0)}  # a table of one message
+    store._table_bytes = PAGE_PLAN_KEPT_FROM  # as a fetch that saw it this large leaves it
+    assert prepared() == {"slot": (1, 0), "batches": (1, 0)}
 
 
 def _rows_through_plan(node: dict[str, Any]) -> float:
