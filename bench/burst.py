@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from cluster import Replica, slot_terms, slots_with_work, wait_for, worker_env
+from cluster import Replica, release, slot_terms, slots_with_work, wait_for, worker_env
 from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database, migrate
 
 from worker.db.store import normalise_url
@@ -82,9 +82,7 @@ def burst(url: str, driver: PostgresDriver, messages: int, hints: int, log_dir: 
         if quiet is not None:
             driver.connection.execute(BURST, {"messages": messages, "hints": hints, "state": "ready"})
         else:
-            with driver.connection.transaction():
-                driver.connection.execute("UPDATE correlation_message SET state = 'ready' WHERE state = 'paused'")
-                driver.connection.execute("SELECT pg_notify('correlation_message', 'all')")
+            release(driver)
         started = time.perf_counter()
         while slots_with_work(driver, slots):
             replica.check_running()

@@ -304,13 +304,14 @@ def _in_flight(dialect: str, row: str) -> str:
 def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
     """One hint's batch: ready, due, unexpired messages in id order below the first that holds it back.
 
-    On PostgreSQL each probe reads its hint's own index (of ready, of delayed, of paused and dead rows), whatever
-    the statistics say. A generic plan made while the table was empty (a quiet queue whose rows were deleted, and
-    vacuumed) prices every path at nothing, and the primary key, which gives id order too and comes first, won:
-    each probe of the next burst then read every row of the table, filtering by hint (a few thousand messages a
-    second). The hint is compared through ANY and the order asked for is (hint, id): only the hint's index gives
-    it without a sort, which the primary key would need on top of its scan (as :func:`_fresh_probe` does with
-    the slot)."""
+    On PostgreSQL each probe asks for its hint's own index (of ready, of delayed, of paused and dead rows). A
+    generic plan made while the table was empty (a quiet queue whose rows were deleted, and vacuumed) prices every
+    path at nothing, and the primary key, which gives id order too, was chosen: each probe of the next burst then
+    read every row of the table, filtering by hint. The hint is compared through ANY and the order asked for is
+    (hint, id): only the hint's index gives it without a sort, which the primary key would need on top of its scan
+    (as :func:`_fresh_probe` does with the slot). That settled the blockers' probes; the batch's own probe still
+    went to the primary key when the ready rows' index had grown large in earlier bursts, so such a plan is not
+    kept in the first place (see PAGE_PLAN_KEPT_FROM)."""
     now = _now_sql(dialect)
     unexpired = f"(b.expires_at IS NULL OR b.expires_at > {now})"
     least = "LEAST" if dialect == "postgresql" else "min"
