@@ -311,7 +311,7 @@ def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
     (hint, id): only the hint's index gives it without a sort, which the primary key would need on top of its scan
     (as :func:`_fresh_probe` does with the slot). That settled the blockers' probes; the batch's own probe still
     went to the primary key when the ready rows' index had grown large in earlier bursts, so such a plan is not
-    kept in the first place (see PAGE_PLAN_KEPT_FROM)."""
+    kept once the table has grown (see PAGE_PLAN_SIZE_STEP)."""
     now = _now_sql(dialect)
     unexpired = f"(b.expires_at IS NULL OR b.expires_at > {now})"
     least = "LEAST" if dialect == "postgresql" else "min"
@@ -548,16 +548,31 @@ _PARK_BY_DIALECT = {"postgresql": text(_PARK.format(lock=" FOR KEY SHARE")), "sq
 # _rows_of_generic_plan), until something invalidates it: a vacuum of the table, usually. Made while the table was
 # empty or nearly (a quiet queue whose successes are deleted, vacuumed so), that plan prices every path at nothing,
 # and it chose the primary key for the probes of each hint's batch: the next burst then drained at a few thousand
-# messages a second, each probe reading every row, until autovacuum came by again. So the plan is kept only once
-# the table is this large (1 MiB, a few thousand messages), as the previous fetch of the replica saw it on disk;
-# below, the statement is planned at each fetch, at the table's size then (about half a millisecond).
-PAGE_PLAN_KEPT_FROM = 1 << 20
+# messages a second, each probe reading every row, until autovacuum came by again. Planning the statement at every
+# fetch instead costs about 1.5 ms a fetch (a wake-up's latency doubled). So a plan is kept for each size of the
+# table, as the previous fetch of the replica saw it on disk, by steps of a factor of 4 (PAGE_PLAN_SIZE_STEP bits):
+# the statement's text names its size class, and a table that grew past its class gets a statement of its own,
+# planned at its first run at that size. Only the fetch that first sees the growth runs the smaller table's plan.
+PAGE_PLAN_SIZE_STEP = 2
+
+
+def page_size_class(table_bytes: int) -> int:
+    """The class of the message table's size on disk that the batches' statement keeps a plan for: the same for
+    sizes within a factor of 4 of each other, from 0 (empty)."""
+    return (table_bytes.bit_length() + PAGE_PLAN_SIZE_STEP - 1) // PAGE_PLAN_SIZE_STEP
+
+
+@functools.cache
+def _page_statement(mode: Mode, marking: bool, size_class: int) -> str:
+    """The batches' statement (:func:`_page_sql`, or :func:`_page_marking_sql` when it marks) as a fetch runs it
+    while the table is of ``size_class``: a distinct text, so a prepared plan of its own."""
+    return (_page_marking_sql(mode) if marking else _page_sql(mode)) + f"\n/* table size class {size_class} */"
 
 
 class FetchStatements(StoreBase):
     """The engine's reads of a slot's work (and the writes that put unreadable or paused rows aside)."""
 
-    _table_bytes = 0  # the message table's size as the last fetch saw it (PostgreSQL; see PAGE_PLAN_KEPT_FROM)
+    _table_bytes = 0  # the message table's size as the last fetch saw it (PostgreSQL; see page_size_class)
 
     def messages_candidates(self, slot: int, after: str, budget: int, skip: Sequence[str] = ()) -> Candidates:
         """A slot's hints that may have work: up to ``budget`` with fresh messages after ``after`` (wrapping
@@ -656,9 +671,8 @@ class FetchStatements(StoreBase):
         self, driver: Any, params: dict[str, Any], mode: Mode, skipped: int, marking: bool = False
     ) -> tuple[Candidates, Fetched]:
         statement = _slot_fetch(skipped, reused=params["reuse"] is not None)
-        page_sql = _page_marking_sql(mode) if marking else _page_sql(mode)
-        # The page's plan is kept only once the table has a size to plan for (see PAGE_PLAN_KEPT_FROM).
-        keep_plan = PREPARED and self._table_bytes >= PAGE_PLAN_KEPT_FROM
+        # A plan kept for each size of the table (see PAGE_PLAN_SIZE_STEP).
+        page_sql = _page_statement(mode, marking, page_size_class(self._table_bytes))
         clock, page = driver.cursor(), driver.cursor(binary=True)
         with clock, page:
             if _PIPELINE and driver.autocommit:
@@ -666,11 +680,11 @@ class FetchStatements(StoreBase):
                 with driver.pipeline():
                     driver.execute(_GENERIC_PLANS)  # the slot's statement's too: made at every run otherwise
                     clock.execute(driver_sql(statement), params, prepare=PREPARED)
-                    page.execute(page_sql, params, prepare=keep_plan)
+                    page.execute(page_sql, params, prepare=PREPARED)
             else:  # a libpq without pipelines: the same statements, a round trip each
                 with driver.transaction():
                     clock.execute(driver_sql(statement), params, prepare=PREPARED)
-                    page.execute(page_sql, params, prepare=keep_plan)
+                    page.execute(page_sql, params, prepare=PREPARED)
             candidates = _candidates_of(clock.fetchall())
             rows = page.fetchall()
         self._table_bytes = candidates.table_bytes or 0
