@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from sqlalchemy import text
 
 from tests.conftest import left
 from worker.config import Mode
@@ -320,6 +321,61 @@ def test_a_flush_writes_the_outcomes_of_calls_still_marked_and_nothing_of_those_
     assert outcome.fenced == {lost_id} and outcome.written == {kept_id}
     assert left(any_store, kept_id)
     assert not left(any_store, lost_id)
+
+
+@pytest.mark.parametrize("adopted", [False, True], ids=["left-to-the-flush", "adopted-meanwhile"])
+def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_only_calls_it_took_out(
+    store: Store, adopted: bool
+) -> None:
+    """The group commit locks its message rows first, skipping those held elsewhere, then takes out their call rows,
+    waiting for a session that holds one. An adoption locks a slot's call rows first and skips the messages held
+    elsewhere, so neither waits for the other in a cycle: while the flush waits, the message is the flush's, and an
+    adoption leaves its call alone. A message is recorded only if the flush took its call out: a call counted
+    meanwhile is fenced off although its message row was locked."""
+    message_id = _one_message(store)
+    fence = store.lock_try_acquire("slot:0", "a", LONG)
+    assert fence is not None
+    mark(store, fence, message_id)
+    outcome: list[FlushOutcome | BaseException] = []
+
+    def flush_it() -> None:
+        try:
+            outcome.append(record(store, fence, Disposition(message_id, Kind.DELETE, 0)))
+        except BaseException as error:
+            outcome.append(error)
+
+    flush = threading.Thread(target=flush_it)
+    with store.engine.connect() as adoption:
+        adoption.execute(text("SELECT 1 FROM correlation_call WHERE message_id = :id FOR UPDATE"), {"id": message_id})
+        flush.start()
+        deadline = time.monotonic() + DEADLINE
+        holder = adoption.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        while not _waiting_for(store, holder) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert flush.is_alive() and _waiting_for(store, holder), f"the flush should wait for the call row: {outcome}"
+        held = adoption.execute(text(
+            "SELECT id FROM correlation_message WHERE id = :id FOR UPDATE SKIP LOCKED"), {"id": message_id}).all()
+        assert held == [], "the flush holds the message row while it waits"
+        if adopted:  # as an adoption that had the message row would: counted, its call row gone
+            adoption.execute(text("DELETE FROM correlation_call WHERE message_id = :id"), {"id": message_id})
+        adoption.commit()
+    flush.join(DEADLINE)
+    if adopted:
+        assert outcome[0].fenced == {message_id} and not outcome[0].written
+        assert not left(store, message_id)
+    else:
+        assert outcome[0].written == {message_id} and not outcome[0].fenced
+        assert left(store, message_id) and store.calls_in_flight() == []
+
+
+def _waiting_for(store: Store, holder: int) -> bool:
+    """Whether a session of this database waits for a lock that session ``holder`` holds (read on a connection of
+    its own: pg_stat_activity stays as first read for the rest of a transaction)."""
+    with store.engine.connect() as connection:
+        return bool(connection.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND CAST(:holder AS integer) = ANY(pg_blocking_pids(pid))"
+        ), {"holder": holder}).scalar_one())
 
 
 def test_the_outcome_of_a_call_is_written_after_its_term_ended_while_no_one_took_the_call_over(

@@ -227,17 +227,18 @@ _RETURN_CALLS_PG = text(
 
 # The common flush in one round trip, its own transaction: only successes, all of calls under terms, nothing to
 # unmark or abandon. The same steps as the statements above, as parts of one statement sharing its snapshot: the
-# call rows locked, those still under the term the outcome was made in kept; their message rows locked, skipping
-# those held elsewhere; those locked become their records (or leave); the others still in the snapshot are
-# deferred (their calls marked returned) and the rest are gone. Rows locked by other sessions are never waited
-# for, so the statement keeps the plans of the separate ones: each part an index probe per id.
+# calls still under the term their outcome was made in, read; their message rows locked, skipping those held
+# elsewhere; the calls of those locked and of those gone taken out (a call an adoption holds is waited for, and
+# found gone: fenced), and only the messages whose calls were taken out become their records (or leave); the calls
+# of the others still in the snapshot are marked returned (deferred). The message rows are locked before the call
+# rows and never waited for; an adoption, which locks the call rows first, never waits for a message row either
+# (it skips those held), so neither waits for the other in a cycle. A call row is deleted once, not locked first.
 _FLUSH_SUCCESSES_PG = """
     WITH v AS (
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
                              CAST(:results AS text[])) AS v(id, slot, fence, result)
     ), calls AS MATERIALIZED (
-        SELECT c.message_id, c.slot, c.fence FROM correlation_call c
-         WHERE c.message_id = ANY(CAST(:ids AS bigint[])) FOR UPDATE
+        SELECT c.message_id, c.slot, c.fence FROM correlation_call c WHERE c.message_id = ANY(CAST(:ids AS bigint[]))
     ), marked AS MATERIALIZED (
         SELECT v.id, v.result FROM v JOIN calls c ON c.message_id = v.id AND c.slot = v.slot AND c.fence = v.fence
     ), locked AS MATERIALIZED (
@@ -246,26 +247,34 @@ _FLUSH_SUCCESSES_PG = """
     ), present AS MATERIALIZED (
         SELECT m.id FROM correlation_message m
          WHERE m.id = ANY(ARRAY(SELECT id FROM marked EXCEPT SELECT id FROM locked)) AND m.state <> 'delivered'
-    ), finished AS (
-        {finish}
-    ), released AS (
+    ), released AS MATERIALIZED (
         DELETE FROM correlation_call c
          WHERE c.message_id = ANY(ARRAY(SELECT id FROM marked EXCEPT SELECT id FROM present))
-    ), returned AS (
+        RETURNING c.message_id
+    ), finishing AS MATERIALIZED (
+        -- locked, and their calls taken out; NOT IN a small set is a hashed lookup (`= ANY` of an array built at
+        -- run time would be a scan of the array for every row)
+        SELECT r.id, r.result FROM locked r
+         WHERE r.id NOT IN (SELECT id FROM locked EXCEPT SELECT message_id FROM released)
+    ), finished AS (
+        {finish}
+    ), returned AS MATERIALIZED (
         UPDATE correlation_call c SET state = 'returned' WHERE c.message_id = ANY(ARRAY(SELECT id FROM present))
+        RETURNING c.message_id
     )
-    SELECT ARRAY(SELECT id FROM marked), ARRAY(SELECT id FROM locked), ARRAY(SELECT id FROM present)
+    SELECT ARRAY(SELECT message_id FROM released), ARRAY(SELECT id FROM locked),
+           ARRAY(SELECT message_id FROM returned)
 """
 _FLUSH_SUCCESSES_RECORD_PG = text(
     _FLUSH_SUCCESSES_PG.format(
         finish=f"""UPDATE correlation_message AS m SET {_RECORD_SET.format(now='now()')},
                    result = CAST(r.result AS jsonb)
-              FROM locked r WHERE m.id = r.id"""
+              FROM finishing r WHERE m.id = r.id"""
     )
 )
 _FLUSH_SUCCESSES_DELETE_PG = text(
     _FLUSH_SUCCESSES_PG.format(
-        finish="DELETE FROM correlation_message m USING locked r WHERE m.id = r.id"
+        finish="DELETE FROM correlation_message m USING finishing r WHERE m.id = r.id"
     )
 )
 
@@ -537,12 +546,13 @@ class CallStatements(LockStatements):
             "results": text_array(d.result for _, d in done),
             "by": self.finished_by,
         }
-        marked, locked, present = (set(ids) for ids in driver_rows(driver, statement, params)[0])
+        released, locked, returned = (set(ids) for ids in driver_rows(driver, statement, params)[0])
+        written, gone = released & locked, released - locked
         return FlushOutcome(
-            written=frozenset(locked),
-            gone=frozenset(marked - locked - present),
-            deferred=frozenset(present),
-            fenced=frozenset(d.message_id for _, d in done) - marked,
+            written=frozenset(written),
+            gone=frozenset(gone),
+            deferred=frozenset(returned),
+            fenced=frozenset(d.message_id for _, d in done) - written - gone - returned,
         )
 
     def _record(self, connection: Connection, writes: Sequence[SlotWrite], *, one_by_one: bool) -> FlushOutcome:
