@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -30,9 +31,11 @@ from worker.engine import engine as engine_module
 from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
 from worker.engine.lanes import HintWork
-from worker.engine.leases import SlotLeaser
+from worker.engine.leases import SlotLeaseConfig, SlotLeaser
 from worker.message import Message, MessageState
 from worker.service.metrics import Metrics
+
+DEADLINE = 10.0  # seconds; generous, only a guard against hanging
 
 
 def in_flight(store: Store) -> dict[int, str]:
@@ -524,10 +527,11 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_releas
     def hold(ticket: MarkTicket) -> MarkTicket:
         wait = ticket.wait
 
-        def wait_then_hold() -> float | None:
-            remaining = wait()
-            marked.set()
-            go.wait(10)
+        def wait_then_hold(timeout: float | None = None) -> float | None:
+            remaining = wait(timeout)
+            if ticket.done.is_set():
+                marked.set()
+                go.wait(10)
             return remaining
 
         ticket.wait = wait_then_hold  # type: ignore[method-assign]
@@ -946,6 +950,93 @@ def test_a_lanes_mark_whose_answer_is_lost_is_taken_back_and_its_call_made_later
     message = called_later_uncounted(store, engine, calls, metrics, failed)
     record = store.messages_get(message)
     assert record is not None and record.lost_calls == 0
+
+
+def test_a_lane_waits_for_marks_held_up_in_the_database_only_while_its_term_stays_safe(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Marks held up in the database (their statement waits) answer no ticket. A lane whose run waits for them
+    gives the run up once its term is no longer safe (it could not start the run after that anyway), not when the
+    answer comes however late, nor never: its ticket is withdrawn, its marks taken back once written, and the
+    message is called later, once, not counted lost. (The lane writing its own marks waits in the statement,
+    which the database's statement timeout bounds.)"""
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)
+    config = SlotLeaseConfig(lease=timedelta(seconds=8), renew_interval=timedelta(seconds=2),
+                             safety_margin=timedelta(seconds=5), drain=timedelta(0))
+    holder = leaser(store, "a", config)
+    holder.run_once()  # not renewed meanwhile: each term stays safe for 3 s from here
+    calls: list[int] = []
+    metrics = Metrics()
+    engine = engine_of(store, holder, metrics, calls, handler_timeout="PT1S")
+    monkeypatch.setattr(engine.lanes, "reserve", lambda: 0)  # no fetch marks: the lanes have their runs marked
+    held_up, entered = threading.Event(), threading.Semaphore(0)
+    calls_mark = store.calls_mark
+
+    def held_up_marks(requests: Any) -> Any:
+        entered.release()
+        held_up.wait(DEADLINE)
+        return calls_mark(requests)
+
+    store.calls_mark = held_up_marks  # type: ignore[method-assign]
+    withdrawn: list[MarkTicket] = []
+    withdraw = engine.committer.withdraw
+    monkeypatch.setattr(engine.committer, "withdraw", lambda ticket: (withdrawn.append(ticket), withdraw(ticket)))
+    acquired = time.monotonic()
+    engine.start()
+    messages = {send(store, "order-1"), send(store, "order-2")}
+    engine.wake()
+    # one lane writes its own marks and waits in the statement; the other's wait for the marker, held up too
+    assert entered.acquire(timeout=DEADLINE) and entered.acquire(timeout=DEADLINE)
+    assert wait_until(lambda: withdrawn, DEADLINE), "the lane waits for the marker past its term's safe time"
+    gave_up = time.monotonic() - acquired
+    assert 2.5 <= gave_up < 4.5, f"given up {gave_up:.1f} s into a term safe for 3 s"
+    assert not held_up.is_set() and set(withdrawn[0].calls) <= messages
+    held_up.set()  # the marks are written: the withdrawn ones are taken back, and the other lane's, whose term is
+    assert wait_until(lambda: not in_flight(store), DEADLINE)  # no longer safe either, are too
+    assert calls == []
+    holder.run_once()  # the terms renewed: both runs are fetched again and made
+    engine.wake()
+    assert wait_until(lambda: sorted(calls) == sorted(messages), DEADLINE)
+    assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0
+
+
+def test_a_replica_stopping_while_a_lane_waits_for_held_up_marks_does_not_wait_for_them(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane looks at the stop while it waits: its ticket is withdrawn at once, not when its term (35 s at the
+    default lease) stops being safe, which held the stop's wait for runs in flight for its whole grace."""
+    calls: list[int] = []
+    engine = idle_engine(store, monkeypatch, calls)
+    monkeypatch.setattr(engine.lanes, "reserve", lambda: 0)
+    monkeypatch.setattr(engine_module, "MARKERS", 1)
+    held_up, entered = threading.Event(), threading.Event()
+    calls_mark = store.calls_mark
+
+    def marker_held_up(requests: Any) -> Any:
+        if threading.current_thread().name.startswith("marker-"):
+            entered.set()
+            held_up.wait(DEADLINE)
+        return calls_mark(requests)
+
+    store.calls_mark = marker_held_up  # type: ignore[method-assign]
+    withdrawn: list[MarkTicket] = []
+    withdraw = engine.committer.withdraw
+    monkeypatch.setattr(engine.committer, "withdraw", lambda ticket: (withdrawn.append(ticket), withdraw(ticket)))
+    monkeypatch.setattr(engine.committer, "mark_now", engine.committer.mark_ahead)  # every mark by the marker
+    engine.start()
+    message = send(store, "order-1")
+    engine.wake()
+    assert entered.wait(DEADLINE)
+    stopping = threading.Thread(target=lambda: engine.stop(grace=DEADLINE))
+    asked = time.monotonic()
+    stopping.start()
+    try:
+        assert wait_until(lambda: withdrawn, 2.0), "the lane waits for its marks through the stop"
+        assert time.monotonic() - asked < 2.0 and [*withdrawn[0].calls] == [message]
+    finally:
+        held_up.set()
+        stopping.join(DEADLINE)
+    assert calls == [] and not stopping.is_alive()
 
 
 def test_a_fetch_marks_runs_as_long_as_their_first_messages_name_says(store: Store) -> None:

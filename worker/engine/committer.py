@@ -119,9 +119,10 @@ class MarkTicket:
         self.seconds = max(0.0, now - self.asked)
         self.done.set()
 
-    def wait(self) -> float | None:
-        """Block until the marks are written (or refused)."""
-        self.done.wait()
+    def wait(self, timeout: float | None = None) -> float | None:
+        """Block until the marks are written (or refused), for ``timeout`` seconds at most: the seconds left of
+        the lease, or None (refused; or not answered yet, which :attr:`done` tells)."""
+        self.done.wait(timeout)
         return self.remaining
 
     def ids(self) -> tuple[int, ...]:

@@ -76,6 +76,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls, at least (and while stopping)
 WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortest handler timeout in between
+MARK_WAIT_LOOK = 0.25  # seconds between a lane's looks at its term and at a stop while it waits for marks
 # Runs of the rotation marked ahead as a run starts (up to one per lane in all): with one, the runs marked ahead
 # stayed as few as when the rotation last ran short, and lanes waited for marks asked a run earlier whenever a mark
 # took longer than a run (10 ms calls on a loaded machine: 11-19 % of their time).
@@ -614,13 +615,35 @@ class Lanes:
             return
         self._run_marked(lane, work, run, self.committer.mark_now(work.slot, work.fence, [m.id for m in run], alone))
 
+    def _marks_written(self, ticket: MarkTicket, work: HintWork) -> bool:
+        """Wait for a ticket's answer while the hint's term stays safe and the replica does not stop (looked at
+        every MARK_WAIT_LOOK seconds); whether it came."""
+        began, safe = self._monotonic(), None
+        while True:
+            ticket.wait(MARK_WAIT_LOOK)
+            if ticket.done.is_set():
+                return True
+            if safe is None:
+                safe = self.leases.safe_for(work.slot, work.fence)
+            if self._stopping or self._monotonic() - began >= safe:
+                return False
+
     def _lease_lasts(self, work: HintWork, message: Message) -> bool:
         """The term the hint was fetched under still runs, long enough for this call."""
         return self.leases.safe_for(work.slot, work.fence) > self._timeout(message.name)
 
     def _run_marked(self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket) -> None:
-        """Make a run's calls once its marks are written (asked for by this lane, or ahead by another)."""
-        if ticket.wait() is None:  # term over, stopping, or the database not writable now
+        """Make a run's calls once its marks are written (asked for by this lane, or ahead by another).
+
+        The lane waits for them only while the hint's term stays safe: marks written later could not be used
+        (the run would not start so near the term's end), so a ticket still unanswered then is withdrawn (its
+        marks taken back once written) and the hint left for later. A marker held up in the database thus
+        holds no lane longer than a term, nor a stop at all."""
+        if not self._marks_written(ticket, work):
+            self.committer.withdraw(ticket)
+            self._give_back(work, "its calls' marks were not written while its term was safe (or the replica stops)")
+            return
+        if ticket.remaining is None:  # term over, stopping, or the database not writable now
             if ticket.unsure:  # the marks may be written all the same: taken back before the hint is free
                 lane.unmark.extend(run)  # (a call row of this term no one makes would be counted lost later)
                 self._hand_over(lane, work)
