@@ -336,13 +336,14 @@ def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_onl
     fence = store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
     mark(store, fence, message_id)
-    outcome: list[FlushOutcome | BaseException] = []
+    outcome: list[FlushOutcome] = []
+    failed: list[BaseException] = []
 
     def flush_it() -> None:
         try:
             outcome.append(record(store, fence, Disposition(message_id, Kind.DELETE, 0)))
-        except BaseException as error:
-            outcome.append(error)
+        except BaseException as error:  # shown by the assertion below, not lost with the thread
+            failed.append(error)
 
     flush = threading.Thread(target=flush_it)
     with store.engine.connect() as adoption:
@@ -352,11 +353,11 @@ def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_onl
         holder = adoption.execute(text("SELECT pg_backend_pid()")).scalar_one()
         while not _waiting_for(store, holder) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert flush.is_alive() and _waiting_for(store, holder), f"the flush should wait for the call row: {outcome}"
+        assert flush.is_alive() and _waiting_for(store, holder), f"the flush should wait for the call row: {failed}"
         held = adoption.execute(text(
             "SELECT id FROM correlation_message WHERE id = :id FOR UPDATE SKIP LOCKED"), {"id": message_id}).all()
         assert held == [], "the flush holds the message row while it waits"
-        if adopted:  # as an adoption that had the message row would: counted, its call row gone
+        if adopted:  # as if an adoption had counted the call meanwhile: its row gone
             adoption.execute(text("DELETE FROM correlation_call WHERE message_id = :id"), {"id": message_id})
         adoption.commit()
     flush.join(DEADLINE)
