@@ -181,10 +181,6 @@ class Committer:
 
     # -- what lanes call -----------------------------------------------------------------------------------
 
-    def mark(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> float | None:
-        """Mark these calls in flight before they start; blocks until written (see :meth:`mark_now`)."""
-        return self.mark_now(slot, fence, ids, alone).wait()
-
     def mark_now(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> MarkTicket:
         """Mark the calls of a run about to start: written by the calling thread when no marker is writing and
         none is asked for (two thread hand-offs fewer before the call), else by a marker with the others."""
