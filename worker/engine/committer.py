@@ -278,6 +278,8 @@ class Committer:
             now = self._monotonic()
             with self._cond:
                 self._marking -= 1
+                if self._stopping:
+                    self._cond.notify_all()  # the recorder may wait for this write
                 for request in requests:
                     self._forget(request.fence, request.ids())
                     request.unsure = True
@@ -287,6 +289,8 @@ class Committer:
         lost: set[tuple[int, Fence]] = set()
         with self._cond:
             self._marking -= 1
+            if self._stopping:
+                self._cond.notify_all()  # the recorder may wait for this write
             for request in requests:
                 assert request.fence is not None
                 remaining = result.remaining.get(request.fence)
@@ -360,7 +364,11 @@ class Committer:
         while True:
             with self._cond:
                 while not self._due():
-                    if self._stopping and not (self._queued or self._unmarks):
+                    # Marks still being written are waited for (as long as the last outcomes are): a lane that
+                    # gave up waiting for them at the stop withdrew them, to be taken back once written.
+                    if self._stopping and not (self._queued or self._unmarks) and (
+                        not self._marking or self._monotonic() > self._stop_by
+                    ):
                         return
                     self._cond.wait(self._wait_time())
                 if self._stopping and self._monotonic() > self._stop_by:
