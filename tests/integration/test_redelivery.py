@@ -10,8 +10,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from datetime import timedelta
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -31,7 +30,7 @@ from worker.engine import engine as engine_module
 from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
 from worker.engine.lanes import HintWork
-from worker.engine.leases import SlotLeaseConfig, SlotLeaser
+from worker.engine.leases import SlotLeaser
 from worker.message import Message, MessageState
 from worker.service.metrics import Metrics
 
@@ -965,15 +964,15 @@ def _withdrawals(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[MarkTi
     return withdrawn
 
 
-def _held_up(store: Store, entered: Callable[[], object], *, marker_only: bool = False) -> threading.Event:
-    """Hold the store's marks up (all of them, or the markers' only) until the event returned is set; ``entered``
-    is called as each is held."""
+def _markers_held_up(store: Store, entered: threading.Event) -> threading.Event:
+    """Hold up the marks the markers write (not those a lane writes itself) until the event returned is set;
+    ``entered`` is set as one is held."""
     held_up = threading.Event()
     calls_mark = store.calls_mark
 
     def held(requests: Any) -> Any:
-        if not marker_only or threading.current_thread().name.startswith("marker-"):
-            entered()
+        if threading.current_thread().name.startswith("marker-"):
+            entered.set()
             held_up.wait(DEADLINE)
         return calls_mark(requests)
 
@@ -981,58 +980,19 @@ def _held_up(store: Store, entered: Callable[[], object], *, marker_only: bool =
     return held_up
 
 
-def test_a_lane_waits_for_marks_held_up_in_the_database_only_while_its_term_stays_safe(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Marks held up in the database (their statement waits) answer no ticket. A lane whose run waits for them
-    gives the run up once its term is no longer safe (it could not start the run after that anyway), not when the
-    answer comes however late, nor never: its ticket is withdrawn, its marks taken back once written, and the
-    message is called later, once, not counted lost. (The lane writing its own marks waits in the statement,
-    which the database's statement timeout bounds.)"""
-    monkeypatch.setattr(engine_module, "FETCHERS", 1)
-    config = SlotLeaseConfig(lease=timedelta(seconds=8), renew_interval=timedelta(seconds=2),
-                             safety_margin=timedelta(seconds=5), drain=timedelta(0))
-    holder = leaser(store, "a", config)
-    holder.run_once()  # not renewed meanwhile: each term stays safe for 3 s from here
-    calls: list[int] = []
-    metrics = Metrics()
-    engine = engine_of(store, holder, metrics, calls, handler_timeout="PT1S")
-    monkeypatch.setattr(engine.lanes, "reserve", lambda: 0)  # no fetch marks: the lanes have their runs marked
-    entered = threading.Semaphore(0)
-    held_up = _held_up(store, entered.release)
-    withdrawn = _withdrawals(engine, monkeypatch)
-    acquired = time.monotonic()
-    engine.start()
-    messages = {send(store, "order-1"), send(store, "order-2")}
-    engine.wake()
-    # one lane writes its own marks and waits in the statement; the other's wait for the marker, held up too
-    assert entered.acquire(timeout=DEADLINE) and entered.acquire(timeout=DEADLINE)
-    assert wait_until(lambda: withdrawn, DEADLINE), "the lane waits for the marker past its term's safe time"
-    gave_up = time.monotonic() - acquired
-    assert gave_up >= 2.5, f"given up {gave_up:.1f} s into a term safe for 3 s"
-    assert not held_up.is_set() and set(withdrawn[0].calls) <= messages
-    held_up.set()  # the marks are written: the withdrawn ones are taken back, and the other lane's, whose term is
-    assert wait_until(lambda: not in_flight(store), DEADLINE)  # no longer safe either, are too
-    assert calls == []
-    holder.run_once()  # the terms renewed: both runs are fetched again and made
-    engine.wake()
-    assert wait_until(lambda: sorted(calls) == sorted(messages), DEADLINE)
-    assert metrics.lost_calls._value.get() == 0 and metrics.redeliveries._value.get() == 0
-
-
 def test_a_replica_stopping_while_a_lane_waits_for_held_up_marks_does_not_wait_for_them(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lane looks at the stop while it waits: its ticket is withdrawn at once, not when its term (35 s at the
-    default lease) stops being safe, which held the stop's wait for runs in flight for its whole grace. The
-    committer waits for the marks still being written, and takes them back before it stops: a mark left in the
-    table would be counted as a lost call by the slot's next holder."""
+    """The lane looks at the stop while it waits: its ticket is withdrawn at once, where the lane waited for the
+    answer and held the stop's wait for runs in flight for as long (its whole grace, were the database slow
+    enough). The committer waits for the marks still being written, and takes them back before it stops: a mark
+    left in the table would be counted as a lost call by the slot's next holder."""
     calls: list[int] = []
     engine = idle_engine(store, monkeypatch, calls)
     monkeypatch.setattr(engine.lanes, "reserve", lambda: 0)
     monkeypatch.setattr(engine_module, "MARKERS", 1)
     entered = threading.Event()
-    held_up = _held_up(store, entered.set, marker_only=True)
+    held_up = _markers_held_up(store, entered)
     withdrawn = _withdrawals(engine, monkeypatch)
     monkeypatch.setattr(engine.committer, "mark_now", engine.committer.mark_ahead)  # every mark by the marker
     engine.start()

@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls, at least (and while stopping)
 WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortest handler timeout in between
-MARK_WAIT_LOOK = 0.25  # seconds between a lane's looks at its term and at a stop while it waits for marks
+MARK_WAIT_LOOK = 0.25  # seconds between a lane's looks at a stop while it waits for marks
 # Runs of the rotation marked ahead as a run starts (up to one per lane in all): with one, the runs marked ahead
 # stayed as few as when the rotation last ran short, and lanes waited for marks asked a run earlier whenever a mark
 # took longer than a run (10 ms calls on a loaded machine: 11-19 % of their time).
@@ -615,17 +615,14 @@ class Lanes:
             return
         self._run_marked(lane, work, run, self.committer.mark_now(work.slot, work.fence, [m.id for m in run], alone))
 
-    def _marks_written(self, ticket: MarkTicket, work: HintWork) -> bool:
-        """Wait for a ticket's answer while the hint's term stays safe and the replica does not stop (looked at
-        every MARK_WAIT_LOOK seconds); whether it came."""
-        began, safe = self._monotonic(), None
+    def _marks_written(self, ticket: MarkTicket) -> bool:
+        """Wait for a ticket's answer unless the replica stops (looked at every MARK_WAIT_LOOK seconds); whether
+        it came."""
         while True:
             ticket.wait(MARK_WAIT_LOOK)
             if ticket.done.is_set():
                 return True
-            if safe is None:
-                safe = self.leases.safe_for(work.slot, work.fence)
-            if self._stopping or self._monotonic() - began >= safe:
+            if self._stopping:
                 return False
 
     def _lease_lasts(self, work: HintWork, message: Message) -> bool:
@@ -635,13 +632,15 @@ class Lanes:
     def _run_marked(self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket) -> None:
         """Make a run's calls once its marks are written (asked for by this lane, or ahead by another).
 
-        The lane waits for them only while the hint's term stays safe: marks written later could not be used
-        (the run would not start so near the term's end), so a ticket still unanswered then is withdrawn (its
-        marks taken back once written) and the hint left for later. A marker held up in the database thus
-        holds no lane longer than a term, nor a stop at all."""
-        if not self._marks_written(ticket, work):
+        The wait ends with the answer (which the database's timeouts bound), or at once when the replica stops:
+        the ticket is then withdrawn (its marks taken back once written, before the committer stops), so marks
+        held up in the database do not hold the stop's wait for runs in flight for its whole grace. (Not at the
+        end of the term's safe time: the hint would be free again while its late marks were still to be taken
+        back, and a fetch under the same term renewed could mark its calls again, only for the late take-back
+        to remove those marks.)"""
+        if not self._marks_written(ticket):
             self.committer.withdraw(ticket)
-            self._give_back(work, "its calls' marks were not written while its term was safe (or the replica stops)")
+            self._give_back(work, "the replica stops while its calls' marks are written")
             return
         if ticket.remaining is None:  # term over, stopping, or the database not writable now
             if ticket.unsure:  # the marks may be written all the same: taken back before the hint is free
