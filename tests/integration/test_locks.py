@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.conftest import left
+from tests.integration.test_pauses import _blocked
 from worker.config import Mode
 from worker.db.calls import FlushOutcome, LostCall, MarkRequest, SlotWrite
 from worker.db.errors import DatabaseUnavailable
@@ -325,7 +326,7 @@ def test_a_flush_writes_the_outcomes_of_calls_still_marked_and_nothing_of_those_
 
 @pytest.mark.parametrize("adopted", [False, True], ids=["left-to-the-flush", "adopted-meanwhile"])
 def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_only_calls_it_took_out(
-    store: Store, adopted: bool
+    store: Store, pg_url: str, adopted: bool
 ) -> None:
     """The group commit locks its message rows first, skipping those held elsewhere, then takes out their call rows,
     waiting for a session that holds one. An adoption locks a slot's call rows first and skips the messages held
@@ -350,10 +351,9 @@ def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_onl
         adoption.execute(text("SELECT 1 FROM correlation_call WHERE message_id = :id FOR UPDATE"), {"id": message_id})
         flush.start()
         deadline = time.monotonic() + DEADLINE
-        holder = adoption.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        while not _waiting_for(store, holder) and time.monotonic() < deadline:
+        while not _blocked(pg_url) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert flush.is_alive() and _waiting_for(store, holder), f"the flush should wait for the call row: {failed}"
+        assert flush.is_alive() and _blocked(pg_url), f"the flush should wait for the call row: {failed}"
         held = adoption.execute(text(
             "SELECT id FROM correlation_message WHERE id = :id FOR UPDATE SKIP LOCKED"), {"id": message_id}).all()
         assert held == [], "the flush holds the message row while it waits"
@@ -367,16 +367,6 @@ def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_onl
     else:
         assert outcome[0].written == {message_id} and not outcome[0].fenced
         assert left(store, message_id) and store.calls_in_flight() == []
-
-
-def _waiting_for(store: Store, holder: int) -> bool:
-    """Whether a session of this database waits for a lock that session ``holder`` holds (read on a connection of
-    its own: pg_stat_activity stays as first read for the rest of a transaction)."""
-    with store.engine.connect() as connection:
-        return bool(connection.execute(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND CAST(:holder AS integer) = ANY(pg_blocking_pids(pid))"
-        ), {"holder": holder}).scalar_one())
 
 
 def test_the_outcome_of_a_call_is_written_after_its_term_ended_while_no_one_took_the_call_over(
