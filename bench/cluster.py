@@ -20,7 +20,11 @@ One run, on one PostgreSQL database::
 Usage::
 
     .venv/bin/python bench/cluster.py [--url URL] [--messages 100000] [--hints 1000] [--replicas 1,2,4]
-                                      [--page-size 1000] [--concurrency 8] [--statements] [--json]
+                                      [--page-size 1000] [--concurrency 8] [--payload-bytes 0] [--statements]
+                                      [--json]
+
+``--payload-bytes N``: every payload about N bytes of JSON (an order with line items, as a process engine's
+message carries) instead of ``{"n": i}``, for the floor and the drains alike: what decoding payloads costs.
 
 ``--statements``: where the server's time went during each drain, statement by statement, from the
 ``pg_stat_statements`` extension (the server must load it: ``shared_preload_libraries = 'pg_stat_statements'``);
@@ -230,9 +234,9 @@ def replicas_running(count: int, url: str, args: argparse.Namespace, log_dir: Pa
 # -- the database, seen from outside ---------------------------------------------------------------------------
 
 
-def load_paused(driver: PostgresDriver, messages: int, hints: int) -> None:
+def load_paused(driver: PostgresDriver, messages: int, hints: int, payload_bytes: int = 0) -> None:
     """drain.py's rows, held back as 'paused', then vacuumed so that the table is as fresh as drain.py's."""
-    driver.insert(messages, hints)
+    driver.insert(messages, hints, payload_bytes)
     driver.connection.execute("UPDATE correlation_message SET state = 'paused' WHERE state = 'ready'")
     driver.connection.execute("VACUUM ANALYZE correlation_message")
 
@@ -467,7 +471,7 @@ def run_cluster(
     metrics_on = (args.settings or {}).get(METRICS_ENABLED, "true").strip().lower() not in ("false", "0", "no")
     if not metrics_on and (args.settings or {}).get(RETENTION, "").strip().upper() in ("PT0S", "P0D"):
         raise SystemExit("a drain with the metrics off is counted from its delivery records: keep them")
-    load_paused(driver, args.messages, args.hints)
+    load_paused(driver, args.messages, args.hints, getattr(args, "payload_bytes", 0))
     with replicas_running(count, url, args, log_dir) as replicas:
         started = time.monotonic()
         deadline = started + BALANCE_DEADLINE
@@ -576,10 +580,12 @@ def verify(
         raise SystemExit(f"verification failed: slots {moved} changed hands (or lapsed) during the drain")
 
 
-def measure_floor(driver: PostgresDriver, messages: int, hints: int, page_size: int, *, record: bool = False) -> float:
+def measure_floor(
+    driver: PostgresDriver, messages: int, hints: int, page_size: int, *, record: bool = False, payload_bytes: int = 0
+) -> float:
     """drain.py's floor on the same rows: msgs/s of SELECT id, name, hint, payload, headers ... LIMIT page;
     DELETE ... = ANY; COMMIT (``record``: an UPDATE making them delivery records instead of the DELETE)."""
-    driver.insert(messages, hints)
+    driver.insert(messages, hints, payload_bytes)
     started = time.perf_counter()
     drained = driver.record_floor(page_size) if record else driver.drain_floor(page_size)
     seconds = time.perf_counter() - started
@@ -616,6 +622,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--page-size", type=int, default=1000, help="poll page size, also the floor's (default 1000)")
     parser.add_argument(
+        "--payload-bytes", type=int, default=0,
+        help='each payload about this many bytes of JSON, an order with line items (default 0: {"n": i})',
+    )
+    parser.add_argument(
         "--concurrency", type=int, default=8, help="CORRELATION_POLL__CONCURRENCY: lanes per replica (default 8)"
     )
     parser.add_argument(
@@ -627,6 +637,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.settings = None  # CORRELATION_ variables of run.py's rows; this command runs the benchmark's own
     if args.messages < 1 or args.hints < 1 or args.page_size < 1 or args.concurrency < 1:
         parser.error("--messages, --hints, --page-size and --concurrency must be at least 1")
+    if not 0 <= args.payload_bytes <= 1_000_000:
+        parser.error("--payload-bytes must be between 0 and 1000000 (a payload is at most 1 MiB)")
     return args
 
 
@@ -686,7 +698,8 @@ def report(runs: Sequence[ClusterFigures], floor: float, args: argparse.Namespac
     )
     print(
         f"params: server={server} slots={args.slots} messages={args.messages} hints={args.hints} "
-        f"page_size={args.page_size} concurrency={args.concurrency} cpus={os.cpu_count()} "
+        f"page_size={args.page_size} concurrency={args.concurrency} payload_bytes={args.payload_bytes} "
+        f"cpus={os.cpu_count()} "
         f"lease_renew_interval={LEASE_RENEW_INTERVAL} watch={WATCH_INTERVAL}s"
     )
     if args.json:
@@ -709,6 +722,7 @@ def report(runs: Sequence[ClusterFigures], floor: float, args: argparse.Namespac
                     "hints": args.hints,
                     "page_size": args.page_size,
                     "concurrency": args.concurrency,
+                    "payload_bytes": args.payload_bytes,
                     "cpus": os.cpu_count(),
                 }
             )
@@ -738,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = str(version[0]) if version else "?"
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cw-cluster-")))
 
-        floor = measure_floor(driver, args.messages, args.hints, args.page_size)
+        floor = measure_floor(driver, args.messages, args.hints, args.page_size, payload_bytes=args.payload_bytes)
         print(f"floor: {floor:,.0f} msgs/s", file=sys.stderr)
         for count in args.replicas:
             runs.append(run_cluster(database_url, driver, count, args, log_dir))

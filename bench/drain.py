@@ -122,12 +122,32 @@ def bench_database(url: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _rows(messages: int, hints: int) -> Iterator[tuple[str, str, str]]:
-    """(name, hint, payload) of message i, whose hint is i % hints: every hint gets ordered messages."""
+def payload_of(i: int, size: int = 0) -> str:
+    """Message i's payload: ``{"n": i}``, or with ``size`` an order of about that many bytes of JSON (a customer and
+    as many line items as it takes), as a process engine's message carries."""
+    if size <= 0:
+        return f'{{"n": {i}}}'
+    document: dict[str, object] = {
+        "n": i, "orderId": f"ORD-{i:09d}", "currency": "EUR", "placedAt": "2026-12-01T10:00:00Z",
+        "customer": {"id": 100_000 + i % 977, "name": "Jane Doe", "tier": "gold", "tags": ["b2b", "priority"]},
+        "items": [],
+    }
+    items = document["items"]
+    assert isinstance(items, list)
+    while len(json.dumps(document)) < size:
+        line = len(items)
+        items.append({"sku": f"SKU-{line:04d}", "qty": 1 + line % 5, "price": 9.99 + line,
+                      "attributes": {"color": "red", "size": "M"}})
+    return json.dumps(document)
+
+
+def _rows(messages: int, hints: int, payload_bytes: int = 0) -> Iterator[tuple[str, str, str]]:
+    """(name, hint, payload) of message i, whose hint is i % hints: every hint gets ordered messages. The payload is
+    ``{"n": i}``, or about ``payload_bytes`` of JSON (:func:`payload_of`)."""
     width = len(str(hints - 1))
     names = [f"hint-{h:0{width}d}" for h in range(hints)]
     for i in range(messages):
-        yield MESSAGE_NAME, names[i % hints], f'{{"n": {i}}}'
+        yield MESSAGE_NAME, names[i % hints], payload_of(i, payload_bytes)
 
 
 class Driver(Protocol):
@@ -145,7 +165,7 @@ class Driver(Protocol):
         """(id, hint) of every message, in id order."""
         ...
 
-    def insert(self, messages: int, hints: int) -> None:
+    def insert(self, messages: int, hints: int, payload_bytes: int = 0) -> None:
         """Insert the rows of :func:`_rows` in one transaction, then refresh the planner's statistics."""
         ...
 
@@ -172,9 +192,9 @@ class PostgresDriver:
         statement = "SELECT id, correlation_hint FROM correlation_message WHERE state <> 'delivered' ORDER BY id"
         return [(int(i), str(h)) for i, h in self.connection.execute(statement)]
 
-    def insert(self, messages: int, hints: int) -> None:
+    def insert(self, messages: int, hints: int, payload_bytes: int = 0) -> None:
         buffer = io.StringIO()
-        for name, hint, payload in _rows(messages, hints):
+        for name, hint, payload in _rows(messages, hints, payload_bytes):
             buffer.write(f"{name}\t{hint}\t{payload}\n")
         copy_sql = "COPY correlation_message (message_name, correlation_hint, payload) FROM STDIN"
         with self.connection.transaction(), self.connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
@@ -248,11 +268,11 @@ class SqliteDriver:
         statement = "SELECT id, correlation_hint FROM correlation_message WHERE state <> 'delivered' ORDER BY id"
         return [(int(i), str(h)) for i, h in self.connection.execute(statement)]
 
-    def insert(self, messages: int, hints: int) -> None:
+    def insert(self, messages: int, hints: int, payload_bytes: int = 0) -> None:
         self.connection.execute("BEGIN")
         self.connection.executemany(
             "INSERT INTO correlation_message (message_name, correlation_hint, payload) VALUES (?, ?, ?)",
-            _rows(messages, hints),
+            _rows(messages, hints, payload_bytes),
         )
         self.connection.execute("COMMIT")
         self.connection.execute("ANALYZE correlation_message")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import struct
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 import pytest
 
-from worker.db.base import UnreadableJson, json_loads
+from worker.db.base import UnreadableJson, json_loads, long_digits
 from worker.db.rows import decode_row, freeze
 from worker.message import Message, MessageState, slot_constructor
 from worker.policy.outcomes import Disposition, Kind, succeeded
@@ -93,6 +94,29 @@ def test_json_is_read_as_python_reads_it() -> None:
         read, python = json_loads(document), json.loads(document)
         assert read == python
         assert [type(x) for x in read] == [type(x) for x in python]  # 1 stays an int, 1E2 a float
+
+
+def test_a_run_of_19_digits_is_found_wherever_it_stands_and_only_then() -> None:
+    """The check that sends a document to Python's decoder finds every run of 19 ASCII digits that a regular
+    expression finds, in text and in UTF-8 bytes, and nothing else."""
+    rng = random.Random(11)
+    arabic_indic, fullwidth = "\u0661", "\uff11"  # digits, but not JSON's
+    pieces = ["1", "9", "0", "-", ".", "e", " ", ",", '"', "a", "\u00fc", arabic_indic, fullwidth, "\u2028", "\ud800"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) if rng.random() < 0.6 else "7" * rng.randint(15, 21) for _ in range(6))
+        expected = re.search("[0-9]{19}", text) is not None
+        assert long_digits(text) is expected, text
+        assert long_digits(text.encode("utf-8", "surrogatepass")) is expected, text
+    assert long_digits("1" * 19) and long_digits(b"x" + b"0" * 25) and not long_digits("1" * 18 + "." + "1" * 18)
+    assert not long_digits(arabic_indic * 19) and not long_digits(fullwidth * 19), "JSON writes numbers in ASCII digits"
+
+
+def test_a_payload_with_a_run_of_non_ascii_digits_reads_as_python_reads_it() -> None:
+    arabic_indic = "".join(chr(0x0660 + n % 10) for n in range(1, 21))
+    fullwidth = "".join(chr(0xFF10 + n % 10) for n in range(1, 21))
+    for document in (f'{{"id": "{arabic_indic}"}}', f'["{fullwidth}", 1]'):
+        assert json_loads(document) == json.loads(document)
+        assert json_loads(document.encode()) == json.loads(document)
 
 
 def test_json_nested_deeper_than_python_reads_is_unreadable_not_an_error() -> None:

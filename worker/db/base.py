@@ -128,8 +128,17 @@ class UnreadableJson(str):
 
 
 # Integers of 19 digits or more: orjson reads those past 64 bits as floats (losing digits), Python as integers.
-_LONG_DIGITS = re.compile(rb"\d{19}")
-_LONG_DIGITS_TEXT = re.compile(r"\d{19}")
+# Looked for in C: each byte made a 9 (an ASCII digit, the only digits JSON writes numbers with) or a space, then a
+# run of nineteen 9s searched. A regular expression scanning for the run took three times as long as orjson's whole
+# decoding of a kilobyte's payload, on every message fetched.
+_DIGITS = bytes(0x39 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_DIGITS = b"9" * 19
+
+
+def long_digits(data: bytes | str) -> bool:
+    """Whether a JSON text holds a run of 19 ASCII digits or more (bytes of UTF-8, or its text)."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    return _LONG_DIGITS in raw.translate(_DIGITS)
 
 
 def json_loads(data: bytes | str) -> Any:
@@ -145,8 +154,7 @@ def json_loads(data: bytes | str) -> Any:
     that reads it; it reads as an :class:`UnreadableJson` instead, so that listing a table never fails on one
     row (the engine decodes payloads itself and dead-letters such a message with the reason).
     """
-    long_digits = _LONG_DIGITS.search(data) if isinstance(data, bytes) else _LONG_DIGITS_TEXT.search(data)
-    if long_digits is None:
+    if not long_digits(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
