@@ -64,6 +64,34 @@ def test_payloads_are_frozen_all_the_way_down() -> None:
     assert freeze("text") == "text" and freeze([]) == ()
 
 
+def _frozen_copy(value: object) -> object:
+    """What freezing means, written plainly: a read-only copy of each object, a tuple of each array."""
+    if isinstance(value, dict):
+        return MappingProxyType({key: _frozen_copy(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return tuple(_frozen_copy(item) for item in value)
+    return value
+
+
+def test_any_decoded_document_freezes_into_its_read_only_copy() -> None:
+    rng = random.Random(5)
+
+    def document(depth: int) -> object:
+        kind = rng.choice(["object", "array", "scalar"] if depth < 5 else ["scalar"])
+        if kind == "object":
+            return {f"k{n}": document(depth + 1) for n in range(rng.randint(0, 4))}
+        if kind == "array":
+            return [document(depth + 1) for _ in range(rng.randint(0, 4))]
+        return rng.choice([1, -2.5, "text", True, False, None, 10**20])
+
+    for _ in range(500):
+        text = json.dumps(document(0))
+        frozen = freeze(json_loads(text))
+        assert frozen == _frozen_copy(json.loads(text)), text
+        if isinstance(frozen, tuple):
+            assert all(not isinstance(item, list | dict) for item in frozen)
+
+
 @pytest.mark.parametrize(
     "document",
     [

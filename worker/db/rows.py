@@ -34,20 +34,22 @@ _EMPTY: MappingProxyType[str, Any] = MappingProxyType({})
 def freeze(value: Any) -> Any:
     """Decoded JSON made read-only: objects as read-only mappings, arrays as tuples (scalars as they are).
 
-    ``value`` is freshly decoded, held by no one else: an object's nested values are frozen in place and the
-    object itself is wrapped, not copied (a payload is frozen on every message fetched)."""
+    ``value`` is freshly decoded, held by no one else: the nested values of an object or an array are frozen in
+    place, then the object is wrapped and the array copied into a tuple in one step (a payload is frozen on every
+    message fetched: a tuple built from a generator cost a third of the freezing of a kilobyte's order)."""
     kind = type(value)
-    if kind in _FLAT:
-        return value
-    if kind is dict and not value:
-        return _EMPTY
-    if isinstance(value, dict):
+    if kind is dict or (kind not in _FLAT and isinstance(value, dict)):
+        if not value:
+            return _EMPTY
         for key, item in value.items():
             if type(item) not in _FLAT:
                 value[key] = freeze(item)  # a value replaced, no key added: the iteration stays valid
         return MappingProxyType(value)
-    if isinstance(value, list):
-        return tuple(item if type(item) in _FLAT else freeze(item) for item in value)
+    if kind is list or (kind not in _FLAT and isinstance(value, list)):
+        for index, item in enumerate(value):
+            if type(item) not in _FLAT:
+                value[index] = freeze(item)
+        return tuple(value)
     return value
 
 
