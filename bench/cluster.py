@@ -471,7 +471,7 @@ def run_cluster(
     metrics_on = (args.settings or {}).get(METRICS_ENABLED, "true").strip().lower() not in ("false", "0", "no")
     if not metrics_on and (args.settings or {}).get(RETENTION, "").strip().upper() in ("PT0S", "P0D"):
         raise SystemExit("a drain with the metrics off is counted from its delivery records: keep them")
-    load_paused(driver, args.messages, args.hints, getattr(args, "payload_bytes", 0))
+    load_paused(driver, args.messages, args.hints, args.payload_bytes)
     with replicas_running(count, url, args, log_dir) as replicas:
         started = time.monotonic()
         deadline = started + BALANCE_DEADLINE

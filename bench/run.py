@@ -83,7 +83,8 @@ class Row:
 
 
 def _args(**values: object) -> argparse.Namespace:
-    return argparse.Namespace(**values)
+    """cluster.py's arguments for one of its drains (its payloads ``{"n": i}`` unless said)."""
+    return argparse.Namespace(**{"payload_bytes": 0, **values})
 
 
 def latency_row(url: str, count: int) -> Row:

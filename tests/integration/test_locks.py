@@ -361,6 +361,7 @@ def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_onl
             adoption.execute(text("DELETE FROM correlation_call WHERE message_id = :id"), {"id": message_id})
         adoption.commit()
     flush.join(DEADLINE)
+    assert outcome, f"the flush ended without an outcome: {failed}"
     if adopted:
         assert outcome[0].fenced == {message_id} and not outcome[0].written
         assert not left(store, message_id)
