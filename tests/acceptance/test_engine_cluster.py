@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import time
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 from harness import Database, StartReplicas, StartWorker, wait_until
@@ -159,7 +160,7 @@ def test_a_replica_stopped_during_a_long_call_keeps_that_slot_until_its_lease_en
     wait_until(lambda: pg_db.calls_of(long_call), what="the long call to start", workers=[first])
     first.process.send_signal(signal.SIGTERM)
 
-    def kept() -> list[dict[str, object]]:
+    def kept() -> list[dict[str, Any]]:
         """The slots the stopping replica still holds, with the end of each one's term."""
         return pg_db.execute(
             "SELECT name, lock_until FROM correlation_lock "
