@@ -86,7 +86,7 @@ def run_once(url: str, args: argparse.Namespace) -> float:
             raise SystemExit("verification failed: messages left after the drain")
         verify(target.seen, expected)
         driver.purge()  # the delivery records (not timed): every run starts from an empty table
-        return args.messages / seconds
+        return float(args.messages / seconds)
     finally:
         driver.close()
 

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import psycopg
 from cluster import Replica, slot_terms, spread, wait_for, worker_env
@@ -73,8 +74,8 @@ def hints_by_slot(connection: psycopg.Connection[tuple[object, ...]]) -> list[st
     ).fetchall()
     chosen: dict[int, list[str]] = {}
     for hint, slot in rows:
-        if len(chosen.setdefault(int(slot), [])) < 4:
-            chosen[int(slot)].append(str(hint))
+        if len(chosen.setdefault(cast(int, slot), [])) < 4:
+            chosen[cast(int, slot)].append(str(hint))
     if len(chosen) < SLOTS:
         raise SystemExit("could not find hints for every slot")
     return [hint for hints in chosen.values() for hint in hints]

@@ -1,0 +1,20 @@
+// bench/versus_graphile.py's drain task: waits BENCH_CALL_MS milliseconds (0: none) and succeeds. The process
+// tells the benchmark when its first job started and when its BENCH_COUNT-th ended (two UDP datagrams
+// "first|last <seconds>", the machine clock): a datagram a job would be lost in a burst.
+const dgram = require("node:dgram");
+
+const socket = dgram.createSocket("udp4");
+const port = Number(process.env.BENCH_PORT);
+const count = Number(process.env.BENCH_COUNT);
+const callMs = Number(process.env.BENCH_CALL_MS || "0");
+let started = 0;
+let done = 0;
+
+const now = () => ((performance.timeOrigin + performance.now()) / 1000).toFixed(6);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+module.exports = async () => {
+  if (started++ === 0) socket.send(`first ${now()}`, port, "127.0.0.1");
+  if (callMs > 0) await sleep(callMs);
+  if (++done === count) socket.send(`last ${now()}`, port, "127.0.0.1");
+};
