@@ -11,8 +11,9 @@ one at a time, in order, as correlation-worker runs a hint's messages. Its jobs 
 (``graphile_worker.add_job``), its worker is its command line (``graphile-worker -c URL -j N``) with the tasks of
 ``bench/graphile/tasks``, which tell the benchmark their times over UDP on the loopback as the correlators of
 ``latency.py`` do. Its settings: its defaults ("plain"), or a local queue of 100 jobs (correlation-worker's page)
-with completions written in batches ("batched", ``bench/graphile/batched.config.js``); its concurrency is given
-where correlation-worker's lanes are (8 by default, 32 for the slow target).
+with completions written in batches ("batched", ``bench/graphile/batched.config.js``), or the same with a local
+queue of 500 ("batched 500"); its concurrency is given where correlation-worker's lanes are (8 by default, 32 for
+the slow target), its pool of connections left at its default (10: 34 gave the same slow target, batched).
 
 1. **latency**: sequential, 500 after 20 to warm up, from sending the INSERT (or the ``add_job``) to the call
    starting; graphile-worker at its defaults (one job at a time), each job in a queue of its own as each message
@@ -59,7 +60,7 @@ GRAPHILE_DIR = Path(__file__).resolve().parent / "graphile"
 GRAPHILE_CLI = GRAPHILE_DIR / "node_modules" / "graphile-worker" / "dist" / "cli.js"
 READY_LINE = "Worker connected and looking for jobs"
 DEFAULT_LANES = 8  # correlation-worker's CORRELATION_POLL__CONCURRENCY default
-CONFIGS = {"plain": "plain.config.js", "batched": "batched.config.js"}
+CONFIGS = {"plain": "plain.config.js", "batched": "batched.config.js", "batched 500": "batched500.config.js"}
 WARMUP = 20
 
 T = TypeVar("T")
@@ -79,7 +80,7 @@ class Graphile:
     """One ``graphile-worker`` process on the benchmark's database, its log in a file."""
 
     def __init__(self, url: str, jobs: int, config: str, env: dict[str, str], log_dir: Path) -> None:
-        self.log_path = log_dir / f"graphile-{config}-{jobs}.log"
+        self.log_path = log_dir / f"graphile-{config.replace(' ', '-')}-{jobs}.log"
         self.started = time.time()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
