@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,7 +51,7 @@ import psycopg
 from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, _conninfo, bench_database, migrate
 from latency import percentile
 from latency import run as latency_run
-from run import CALL_MS, SLOW_LANES, ColdStart, cold_start_seconds, slow_target_rate
+from run import CALL_MS, SLOW_LANES, ColdStart, _both, cold_start_seconds, slow_target_rate
 
 from worker.db.store import normalise_url
 
@@ -156,8 +155,8 @@ def graphile_latency(url: str, count: int, queues: bool, log_dir: Path) -> list[
         return latencies
 
 
-# One call of add_jobs, graphile-worker's bulk API: its one notification says how many jobs came, and that many of
-# its workers look for work (add_job a row at a time notifies once a job, and only the first workers look).
+# One call of add_jobs, graphile-worker's bulk API, as a producer adding a batch would: one statement, one
+# notification saying how many jobs came.
 _ADD_JOBS = """
     SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
         SELECT ROW('drain', json_build_object('n', i), 'hint-' || (i %% %(hints)s),
@@ -208,12 +207,6 @@ def graphile_cold_start(url: str, count: int, config: str, log_dir: Path) -> Col
     if graphile_jobs_left(url):
         raise SystemExit("graphile-worker: jobs left after the cold start")
     return ColdStart(reports["first"] - worker.started, reports["last"] - worker.started, float("nan"))
-
-
-def _both(values: Sequence[float], unit: str, digits: int = 0) -> str:
-    """The mean of a figure measured twice, with both measurements."""
-    return (f"{statistics.fmean(values):,.{digits}f} {unit} "
-            f"({', '.join(f'{value:,.{digits}f}' for value in values)})")
 
 
 def _ms(values: Sequence[float]) -> str:
