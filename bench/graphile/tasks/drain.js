@@ -1,6 +1,6 @@
 // bench/versus_graphile.py's drain task: waits BENCH_CALL_MS milliseconds (0: none) and succeeds. The process
 // tells the benchmark when its first job started and when its BENCH_COUNT-th ended (two UDP datagrams
-// "first|last <seconds>", the machine clock): a datagram a job would be lost in a burst.
+// "first|last <seconds>", the machine clock): a datagram for every job could be dropped in a burst.
 const dgram = require("node:dgram");
 
 const socket = dgram.createSocket("udp4");
