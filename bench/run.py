@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import storm
 from cluster import (
@@ -323,10 +324,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     version = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).parent, check=False).stdout.strip()
     print_table(rows)
-    print(f"\nbench/ at revision {version or '?'}, the worker from {_worker_source()}, {os.cpu_count()} CPUs, "
-          f"PostgreSQL on {url.split('@')[-1]}, real `correlation-worker run` processes"
-          f"{' (--quick: not figures to quote)' if args.quick else ''}")
-    if args.json:
+    return print_footer(rows, f"bench/ at revision {version or '?'}", url, "real `correlation-worker run` processes",
+                        quick=args.quick, as_json=args.json)
+
+
+def print_footer(rows: Sequence[Any], first: str, url: str, processes: str, *, quick: bool, as_json: bool) -> int:
+    """The line under a table (which worker, how many CPUs, which server, what ran), then the rows as JSON if asked;
+    the exit code."""
+    print(f"\n{first}, the worker from {_worker_source()}, {os.cpu_count()} CPUs, PostgreSQL on "
+          f"{url.split('@')[-1]}, {processes}{' (--quick: not figures to quote)' if quick else ''}")
+    if as_json:
         print(json.dumps([asdict(row) for row in rows]))
     return 0
 

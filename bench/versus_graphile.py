@@ -32,7 +32,6 @@ Every figure is measured twice, the second pass in the reverse order, and quoted
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -42,7 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -51,7 +50,7 @@ import psycopg
 from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, _conninfo, bench_database, migrate
 from latency import percentile
 from latency import run as latency_run
-from run import CALL_MS, SLOW_LANES, ColdStart, _both, cold_start_seconds, slow_target_rate
+from run import CALL_MS, SLOW_LANES, ColdStart, _both, cold_start_seconds, print_footer, slow_target_rate
 
 from worker.db.store import normalise_url
 
@@ -313,11 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "; ".join(f"{config} {_cold(cold[config], cold_count)}" for config in CONFIGS), ""),
     ]
     print_table(rows)
-    print(f"\n{os.cpu_count()} CPUs, PostgreSQL on {url.split('@')[-1]}, real worker processes of both"
-          f"{' (--quick: not figures to quote)' if args.quick else ''}")
-    if args.json:
-        print(json.dumps([asdict(row) for row in rows]))
-    return 0
+    return print_footer(rows, "graphile-worker 0.18.0", url, "real worker processes of both", quick=args.quick,
+                        as_json=args.json)
 
 
 if __name__ == "__main__":
