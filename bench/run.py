@@ -289,16 +289,22 @@ def _worker_source() -> str:
     return f"the install at {package.parent}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+def parse_args(argv: Sequence[str] | None, doc: str | None, script: str) -> tuple[argparse.Namespace, str, int]:
+    """The command line of a side-by-side benchmark (this one, versus_graphile.py): its arguments, the PostgreSQL
+    URL and the scale (10 with ``--quick``, else 1)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n", 1)[0] if doc else None)
     parser.add_argument("--url", default=os.environ.get(URL_ENV, LOCAL_SERVER), help="PostgreSQL server or database")
     parser.add_argument("--quick", action="store_true", help="a tenth of the messages: checks the harness only")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
-    scale = 10 if args.quick else 1
     url = normalise_url(args.url)
     if not url.startswith("postgresql"):
-        raise SystemExit("bench/run.py needs PostgreSQL (several replicas, NOTIFY)")
+        raise SystemExit(f"{script} needs PostgreSQL")
+    return args, url, 10 if args.quick else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, url, scale = parse_args(argv, __doc__, "bench/run.py")
     rows: list[Row] = []
     with ExitStack() as stack:
         database_url = stack.enter_context(bench_database(url))

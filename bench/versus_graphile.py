@@ -31,7 +31,6 @@ Every figure is measured twice, the second pass in the reverse order, and quoted
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import socket
@@ -47,12 +46,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
-from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, _conninfo, bench_database, migrate
+from drain import PostgresDriver, _conninfo, bench_database, migrate
 from latency import percentile
 from latency import run as latency_run
-from run import CALL_MS, SLOW_LANES, ColdStart, _both, cold_start_seconds, print_footer, slow_target_rate
-
-from worker.db.store import normalise_url
+from run import CALL_MS, SLOW_LANES, ColdStart, _both, cold_start_seconds, parse_args, print_footer, slow_target_rate
 
 GRAPHILE_DIR = Path(__file__).resolve().parent / "graphile"
 GRAPHILE_CLI = GRAPHILE_DIR / "node_modules" / "graphile-worker" / "dist" / "cli.js"
@@ -244,16 +241,8 @@ def print_table(rows: Sequence[Row]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--url", default=os.environ.get(URL_ENV, LOCAL_SERVER), help="PostgreSQL server or database")
-    parser.add_argument("--quick", action="store_true", help="a tenth of the messages: checks the harness only")
-    parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
-    args = parser.parse_args(argv)
+    args, url, scale = parse_args(argv, __doc__, "bench/versus_graphile.py")
     check_graphile()
-    scale = 10 if args.quick else 1
-    url = normalise_url(args.url)
-    if not url.startswith("postgresql"):
-        raise SystemExit("bench/versus_graphile.py needs PostgreSQL")
     latency_count, slow_count, cold_count = 500 // scale, 5000 // scale, 20_000 // scale
     with ExitStack() as stack:
         database_url = stack.enter_context(bench_database(url))
