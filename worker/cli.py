@@ -13,9 +13,9 @@ import gc
 
 # The command's imports (SQLAlchemy, pydantic, psycopg, the endpoint's libraries, the worker's own modules) make a
 # few hundred thousand objects that live as long as the process. At its default thresholds the cyclic collector
-# scanned them again and again as they came, about 200 collections and a tenth of the time from `run`'s start to
-# its first call. They are made with the collector paused, then frozen out of every later collection (what the
-# engine collects is its own short-lived objects), and the collector resumes as it was.
+# scanned them again and again as they came: about 200 collections, a tenth of the time the imports took. They are
+# made with the collector paused, then frozen out of every later collection (what a running engine collects is its
+# own short-lived objects), and the collector resumes as it was.
 _collecting = gc.isenabled()
 gc.disable()
 try:
