@@ -117,7 +117,7 @@ def slow_target_row(url: str, driver: PostgresDriver, messages: int, log_dir: Pa
     )
 
 
-def _both(values: Sequence[float], unit: str, digits: int = 0) -> str:
+def both(values: Sequence[float], unit: str, digits: int = 0) -> str:
     """The mean of a figure measured twice, with both measurements."""
     return (f"{statistics.fmean(values):,.{digits}f} {unit} "
             f"({', '.join(f'{value:,.{digits}f}' for value in values)})")
@@ -166,20 +166,20 @@ def drain_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, s
     floor, record_floor = statistics.fmean(floors["delete"]), statistics.fmean(floors["record"])
     drain = f"no-op drain, {messages:,} msgs, page 1 000, from release (mean of two)"
     rows = [
-        Row(drain, _both(rates("defaults"), "msgs/s"), f"select+delete floor {_both(floors['delete'], 'msgs/s')}",
+        Row(drain, both(rates("defaults"), "msgs/s"), f"select+delete floor {both(floors['delete'], 'msgs/s')}",
             f"{rate / floor:.2f}"),
         Row("  the same drain, against what its successes write (delivery records, the default)",
-            _both(rates("defaults"), "msgs/s"), f"select+record floor {_both(floors['record'], 'msgs/s')}",
+            both(rates("defaults"), "msgs/s"), f"select+record floor {both(floors['record'], 'msgs/s')}",
             f"{rate / record_floor:.2f}"),
-        Row("  the same drain, successes deleted (DELIVERY__RETENTION=PT0S)", _both(rates("PT0S"), "msgs/s"),
-            f"select+delete floor {_both(floors['delete'], 'msgs/s')}", f"{deleting / floor:.2f}"),
+        Row("  the same drain, successes deleted (DELIVERY__RETENTION=PT0S)", both(rates("PT0S"), "msgs/s"),
+            f"select+delete floor {both(floors['delete'], 'msgs/s')}", f"{deleting / floor:.2f}"),
     ]
     on_cpu, off_cpu = cpus("defaults"), cpus("quiet")
     if on_cpu is not None:
-        rows.append(Row("CPU per message of the worker process, no-op drain", _both(on_cpu, "µs", 1), "", ""))
+        rows.append(Row("CPU per message of the worker process, no-op drain", both(on_cpu, "µs", 1), "", ""))
     rows.append(Row("  what the metrics cost: the drain at defaults (endpoint on, scraped at the end)",
-                    _both(rates("defaults"), "msgs/s") + (f", {statistics.fmean(on_cpu):.1f} µs/msg" if on_cpu else ""),
-                    f"METRICS__ENABLED=false {_both(rates('quiet'), 'msgs/s')}"
+                    both(rates("defaults"), "msgs/s") + (f", {statistics.fmean(on_cpu):.1f} µs/msg" if on_cpu else ""),
+                    f"METRICS__ENABLED=false {both(rates('quiet'), 'msgs/s')}"
                     + (f", {statistics.fmean(off_cpu):.1f} µs/msg" if off_cpu else ""),
                     f"{rate / quiet:.2f}"))
     return rows
@@ -236,7 +236,7 @@ def cold_start_row(url: str, driver: PostgresDriver, messages: int, log_dir: Pat
     to_last = " and ".join(f"{start.last:.2f} s" for start in starts)
     to_empty = " and ".join(f"{start.watched:.2f} s" for start in starts)
     return Row(f"no-op drain, {messages:,} msgs / {hints:,} hints, from process start to last call (mean of two)",
-               _both([messages / start.last for start in starts], "msgs/s"),
+               both([messages / start.last for start in starts], "msgs/s"),
                f"{to_first} to the first success recorded, {to_last} to the last ({to_empty} to the table seen "
                "empty)")
 
@@ -251,7 +251,7 @@ def scale_rows(url: str, driver: PostgresDriver, messages: int, log_dir: Path, s
     one = statistics.fmean(rates[1])
     return [
         Row(f"{count} replica{'s' if count > 1 else ''}, {messages:,} no-op msgs (mean of two)",
-            _both(rates[count], "msgs/s"), f"1 replica {one:,.0f} msgs/s",
+            both(rates[count], "msgs/s"), f"1 replica {one:,.0f} msgs/s",
             f"{statistics.fmean(rates[count]) / one:.2f}")
         for count in rates
     ]

@@ -49,7 +49,7 @@ import psycopg
 from drain import PostgresDriver, _conninfo, bench_database, migrate
 from latency import percentile
 from latency import run as latency_run
-from run import CALL_MS, SLOW_LANES, ColdStart, _both, cold_start_seconds, parse_args, print_footer, slow_target_rate
+from run import CALL_MS, SLOW_LANES, ColdStart, both, cold_start_seconds, parse_args, print_footer, slow_target_rate
 
 GRAPHILE_DIR = Path(__file__).resolve().parent / "graphile"
 GRAPHILE_CLI = GRAPHILE_DIR / "node_modules" / "graphile-worker" / "dist" / "cli.js"
@@ -210,9 +210,9 @@ def _ms(values: Sequence[float]) -> str:
 
 
 def _cold(starts: Sequence[ColdStart], count: int) -> str:
-    return (f"{_both([count / start.last for start in starts], 'msgs/s')}; first call at "
+    return (f"{both([count / start.last for start in starts], 'msgs/s')}; first call at "
             f"{' / '.join(f'{start.first:.2f}' for start in starts)} s, then "
-            f"{_both([count / (start.last - start.first) for start in starts], 'msgs/s')}")
+            f"{both([count / (start.last - start.first) for start in starts], 'msgs/s')}")
 
 
 def twice(measures: dict[str, Callable[[], T]]) -> dict[str, list[T]]:
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"a queue a job {_ms(all_of(latency['a queue a job']))}; no queue {_ms(all_of(latency['no queue']))}",
             f"NOTIFY round trip {_ms(floor)}"),
         Row(f"{CALL_MS:g} ms target, {SLOW_LANES} at a time, {slow_count:,} msgs / {min(1000, slow_count):,} hints",
-            _both(slow[ours], "calls/s"), "; ".join(f"{config} {_both(slow[config], 'calls/s')}" for config in CONFIGS),
+            both(slow[ours], "calls/s"), "; ".join(f"{config} {both(slow[config], 'calls/s')}" for config in CONFIGS),
             f"Little's limit {SLOW_LANES / (CALL_MS / 1000):,.0f} calls/s"),
         Row(f"no-op drain, {cold_count:,} msgs / {hints:,} hints, from process start to last call",
             _cold(cold[ours], cold_count),
