@@ -30,7 +30,6 @@ try:
     from typing import Any, NoReturn
 
     import click
-    from tabulate import tabulate
 
     from worker import __version__
     from worker.admin import messages as admin_messages
@@ -169,13 +168,21 @@ def _cell(value: Any, limit: int | None = CELL) -> str:
     return escape_controls(bound(text))
 
 
+def _tabulate(rows: Any, **options: Any) -> str:
+    """The operator commands' tables; the library is imported only by them (``run`` prints none: its start
+    spares the import)."""
+    from tabulate import tabulate as table
+
+    return table(rows, **options)
+
+
 def _status_table(shown: dict[str, Any]) -> str:
     states = shown["messages_by_state"]
     age = shown["oldest_eligible_age_seconds"]
     replicas = shown["slots_per_replica"]
     held = sum(replicas.values())
     parts = [
-        tabulate([(state, count) for state, count in states.items()], headers=["state", "messages"],
+        _tabulate([(state, count) for state, count in states.items()], headers=["state", "messages"],
                  colalign=("left", "right")),
         "",
         f"oldest eligible message: {'none' if age is None else f'waiting for {age:.3f} s'}",
@@ -183,7 +190,7 @@ def _status_table(shown: dict[str, Any]) -> str:
         f"slot leases: {held} of {shown['slots']} slots held by {len(replicas)} replicas",
     ]
     if replicas:
-        parts.append(tabulate(sorted(replicas.items()), headers=["replica", "slots held"],
+        parts.append(_tabulate(sorted(replicas.items()), headers=["replica", "slots held"],
                               colalign=("left", "right")))
     return "\n".join(parts)
 
@@ -196,7 +203,7 @@ def _list_table(rows: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return "no messages"
     table = [[_cell(row[column]) for column in LIST_COLUMNS] for row in rows]
-    return tabulate(table, headers=[c.replace("correlation_", "") for c in LIST_COLUMNS], disable_numparse=True)
+    return _tabulate(table, headers=[c.replace("correlation_", "") for c in LIST_COLUMNS], disable_numparse=True)
 
 
 def _show_table(row: dict[str, Any]) -> str:
@@ -204,7 +211,7 @@ def _show_table(row: dict[str, Any]) -> str:
     for field, value in row.items():
         shown = json.dumps(value, indent=2, ensure_ascii=False) if isinstance(value, dict | list) else value
         lines.append((field, _cell(shown, limit=None)))
-    return tabulate(lines, tablefmt="plain", disable_numparse=True)
+    return _tabulate(lines, tablefmt="plain", disable_numparse=True)
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
@@ -602,7 +609,7 @@ def pauses_list(output: str | None) -> None:
          _cell(p["created_by"]), p["created_at"]]
         for p in shown
     ]
-    click.echo(tabulate(rows, headers=["id", "pauses", "reason", "by", "since"], disable_numparse=True))
+    click.echo(_tabulate(rows, headers=["id", "pauses", "reason", "by", "since"], disable_numparse=True))
 
 
 # -- schedules (DESIGN.md §7) --------------------------------------------------------------------------------

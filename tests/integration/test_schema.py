@@ -343,3 +343,31 @@ def test_the_head_revision_a_replica_compares_with_is_the_newest_migration_shipp
     scripts = ScriptDirectory.from_config(alembic_config())
     assert head_revision() == scripts.get_current_head()
     assert head_revision() in known_revisions()
+
+
+def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg_url: str) -> None:
+    """The revision and the columns are read from the schema the statements' unqualified names find first (the
+    current schema, as alembic migrates it): a copy of the tables in another schema is not ours, and a column or
+    table dropped by hand is named."""
+    from worker.config import DatabaseSettings
+    from worker.db.base import build_engine
+    from worker.db.schema import VERSION_TABLE, head_revision
+
+    store = Store(build_engine(DatabaseSettings(url=empty_pg_url)))
+    try:
+        with store.engine.begin() as connection:
+            connection.execute(text("CREATE SCHEMA elsewhere"))
+            connection.execute(text(f"CREATE TABLE elsewhere.{VERSION_TABLE} (version_num text PRIMARY KEY)"))
+            connection.execute(text(f"INSERT INTO elsewhere.{VERSION_TABLE} VALUES ('{head_revision()}')"))
+        assert store.schema_revision() is None  # another schema's version table says nothing of this one
+        assert "table correlation_message" in store.schema_missing()
+
+        store.schema_migrate()
+        assert store.schema_revision() == head_revision()
+        assert store.schema_missing() == []
+        with store.engine.begin() as connection:
+            connection.execute(text("ALTER TABLE correlation_message DROP COLUMN finished_by"))
+            connection.execute(text("ALTER TABLE correlation_session_end SET SCHEMA elsewhere"))
+        assert store.schema_missing() == ["column correlation_message.finished_by", "table correlation_session_end"]
+    finally:
+        store.close()

@@ -58,3 +58,17 @@ def test_the_command_is_imported_without_collections_and_its_objects_frozen(coll
     assert isinstance(collections, list) and len(collections) < 20 and set(collections) <= {0}
     assert found["enabled"] is collecting
     assert isinstance(found["frozen"], int) and found["frozen"] > 50_000
+
+
+def test_the_command_imports_the_table_library_only_when_a_command_prints_a_table() -> None:
+    found = _fresh(
+        """
+        import json, sys
+        import worker.cli
+        before = "tabulate" in sys.modules
+        table = worker.cli._show_table({"id": 1, "message_name": "order.paid"})
+        print(json.dumps({"before": before, "after": "tabulate" in sys.modules, "table": table}))
+        """
+    )
+    assert found["before"] is False and found["after"] is True
+    assert "order.paid" in str(found["table"])

@@ -12,7 +12,6 @@ plumbing, the clock and the translation of driver errors are in :mod:`worker.db.
 
 from __future__ import annotations
 
-from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Engine
 
 from worker.config import DatabaseSettings
@@ -39,7 +38,7 @@ from worker.db.messages import MessageStatements
 from worker.db.samples import SampleStatements
 from worker.db.schedules import ScheduleStatements
 from worker.db.schedules import metadata as schedule_metadata
-from worker.db.schema import SLOT_COUNT, head_revision, metadata
+from worker.db.schema import SLOT_COUNT, head_revision, metadata, table_columns
 
 # Tables the statements name in SQL text rather than as Table objects, with the columns they use.
 _TEXT_TABLES = {"correlation_session_end": ("nonce_digest", "expires_at")}
@@ -75,10 +74,7 @@ class Store(
         expected.update(_TEXT_TABLES)
 
         def work(connection: Connection) -> list[str]:
-            # Every table's columns in one read of the catalog (one round trip on PostgreSQL, where a read per table
-            # cost a replica's start some 10 ms); a table that is not there is left out of the answer.
-            reflected = inspect(connection).get_multi_columns(filter_names=sorted(expected))
-            present = {table: {column["name"] for column in columns} for (_, table), columns in reflected.items()}
+            present = table_columns(connection, expected)  # one read of the catalog, every table's columns
             missing: list[str] = []
             for table, columns in sorted(expected.items()):
                 if table not in present:
