@@ -346,9 +346,10 @@ def test_the_head_revision_a_replica_compares_with_is_the_newest_migration_shipp
 
 
 def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg_url: str) -> None:
-    """The revision and the columns are read from the schema the statements' unqualified names find first (the
-    current schema, as alembic migrates it): a copy of the tables in another schema is not ours, and a column or
-    table dropped by hand is named."""
+    """The revision and the columns are read from the tables the statements' unqualified names find (the first of
+    each name on the search path, as alembic finds its version table): a copy of the tables in a schema off the path
+    is not ours, a column or table dropped by hand is named, and a schema first on the path that holds none of them
+    hides nothing."""
     from worker.config import DatabaseSettings
     from worker.db.base import build_engine
     from worker.db.schema import VERSION_TABLE, head_revision
@@ -369,5 +370,13 @@ def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg
             connection.execute(text("ALTER TABLE correlation_message DROP COLUMN finished_by"))
             connection.execute(text("ALTER TABLE correlation_session_end SET SCHEMA elsewhere"))
         assert store.schema_missing() == ["column correlation_message.finished_by", "table correlation_session_end"]
+        with store.engine.begin() as connection:
+            database = connection.execute(text("SELECT current_database()")).scalar_one()
+            connection.execute(text("CREATE SCHEMA first_on_the_path"))
+            path = "first_on_the_path, elsewhere, public"
+            connection.execute(text(f'ALTER DATABASE "{database}" SET search_path = {path}'))
+        store.engine.dispose()  # new sessions take the database's search path
+        assert store.schema_revision() == head_revision()
+        assert store.schema_missing() == ["column correlation_message.finished_by"]  # the moved table found again
     finally:
         store.close()

@@ -265,16 +265,17 @@ def check_revision_known(revision: str | None) -> None:
         )
 
 
-# The columns of the tables named, in the schema unqualified names resolve to first (alembic's and SQLAlchemy's
-# default schema), in one read of the catalog. SQLAlchemy's reflection read the same with a statement it builds
-# and compiles at each use, and parsed every column's type: about 10 ms of a replica's start, whose steps after
-# the imports take about 0.1 s.
+# The columns of the tables named, as unqualified names find them (the first of that name on the search path, as
+# alembic and the statements find them), in one read of the catalog. SQLAlchemy's reflection read the same with a
+# statement it builds and compiles at each use, and parsed every column's type: about 10 ms of a replica's start,
+# whose steps after the imports take about 0.1 s.
 _POSTGRESQL_COLUMNS = text(
     "SELECT c.relname AS table_name, a.attname AS column_name "
     "FROM pg_catalog.pg_class AS c "
     "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
     "LEFT JOIN pg_catalog.pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-    "WHERE n.nspname = current_schema() AND c.relname = ANY(:names) AND c.relkind IN ('r', 'p', 'f')"
+    "WHERE c.relname = ANY(:names) AND c.relkind IN ('r', 'p', 'f') AND n.nspname <> 'pg_catalog' "
+    "AND pg_catalog.pg_table_is_visible(c.oid)"
 )
 _SQLITE_COLUMNS = text(
     "SELECT m.name AS table_name, p.name AS column_name "
