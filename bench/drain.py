@@ -96,7 +96,7 @@ class RunFigures:
 # -- the database --------------------------------------------------------------------------------------------
 
 
-def _conninfo(url: str) -> str:
+def libpq_conninfo(url: str) -> str:
     """A libpq URL for psycopg (no SQLAlchemy driver suffix)."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
@@ -112,7 +112,7 @@ def bench_database(url: str) -> Iterator[str]:
         yield url
         return
     name = f"cw_bench_{secrets.token_hex(6)}"
-    server = _conninfo(make_url(url).set(database="postgres").render_as_string(hide_password=False))
+    server = libpq_conninfo(make_url(url).set(database="postgres").render_as_string(hide_password=False))
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
@@ -182,7 +182,7 @@ class PostgresDriver:
     """psycopg: COPY to insert, ``id = ANY(%s)`` to delete."""
 
     def __init__(self, url: str) -> None:
-        self.connection = psycopg.connect(_conninfo(url), autocommit=True)
+        self.connection = psycopg.connect(libpq_conninfo(url), autocommit=True)
 
     def count(self) -> int:
         row = self.connection.execute("SELECT count(*) FROM correlation_message WHERE state <> 'delivered'").fetchone()

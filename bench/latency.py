@@ -32,7 +32,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import worker_command
-from drain import LOCAL_SERVER, URL_ENV, _conninfo, bench_database
+from drain import LOCAL_SERVER, URL_ENV, bench_database, libpq_conninfo
 
 from worker.config import DatabaseSettings
 from worker.db.store import Store, build_engine, normalise_url
@@ -78,7 +78,7 @@ def notify_floor(conninfo: str, count: int) -> list[float]:
 
 def run(url: str, count: int) -> tuple[list[float], list[float]]:
     """Latencies of the engine and of the NOTIFY floor, in seconds."""
-    conninfo = _conninfo(url)
+    conninfo = libpq_conninfo(url)
     floor = notify_floor(conninfo, count)
     calls = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     calls.bind(("127.0.0.1", 0))

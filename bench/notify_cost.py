@@ -22,7 +22,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drain import LOCAL_SERVER, URL_ENV, _conninfo, bench_database
+from drain import LOCAL_SERVER, URL_ENV, bench_database, libpq_conninfo
 
 from worker.config import DatabaseSettings
 from worker.db.store import Store, build_engine, normalise_url
@@ -72,7 +72,7 @@ def main() -> int:
         store = Store(build_engine(DatabaseSettings(url=url)))
         store.schema_migrate()
         store.close()
-        conninfo = _conninfo(url)
+        conninfo = libpq_conninfo(url)
         with psycopg.connect(conninfo, autocommit=True) as admin:
             for name, triggers in CONFIGURATIONS.items():
                 for trigger, enabled in triggers.items():

@@ -39,7 +39,7 @@ from typing import cast
 
 import psycopg
 from cluster import Replica, slot_terms, spread, wait_for, worker_env
-from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, _conninfo, bench_database, migrate
+from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database, libpq_conninfo, migrate
 
 from worker.db.store import normalise_url
 
@@ -112,7 +112,7 @@ def listen(calls: socket.socket, seen: dict[int, list[float]], stop: threading.E
 
 def run(url: str, seconds: float, every: float, log_dir: Path) -> list[Death]:
     """The storm on a migrated, empty database; one Death per SIGKILL."""
-    conninfo = _conninfo(url)
+    conninfo = libpq_conninfo(url)
     driver = PostgresDriver(url)
     calls = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     calls.bind(("127.0.0.1", 0))

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
-from drain import PostgresDriver, _conninfo, bench_database, migrate
+from drain import PostgresDriver, bench_database, libpq_conninfo, migrate
 from latency import percentile
 from latency import run as latency_run
 from run import CALL_MS, SLOW_LANES, ColdStart, both, cold_start_seconds, parse_args, print_footer, slow_target_rate
@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     latency_count, slow_count, cold_count = 500 // scale, 5000 // scale, 20_000 // scale
     with ExitStack() as stack:
         database_url = stack.enter_context(bench_database(url))
-        plain_url = _conninfo(database_url)
+        plain_url = libpq_conninfo(database_url)
         slots = migrate(database_url)
         subprocess.run(["node", str(GRAPHILE_CLI), "-c", plain_url, "--schema-only"], cwd=GRAPHILE_DIR,
                        check=True, capture_output=True)
