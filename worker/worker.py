@@ -22,6 +22,7 @@ from worker.admin.console import Console
 from worker.admin.routes import console_routes
 from worker.config import ConfigError, Settings, format_duration
 from worker.correlators import Router
+from worker.correlators.network import call_loop_stacks
 from worker.db.base import sqlite_file
 from worker.db.errors import connection_lost
 from worker.db.listener import Listener
@@ -47,14 +48,15 @@ HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while 
 
 
 def _write_stacks(_signum: int, _frame: FrameType | None) -> None:
-    """SIGUSR1: every thread's stack to stderr, by name. A Python handler, run between two steps of the main
-    thread with the interpreter held: faulthandler's dump reads the other threads' frames while they run, and
-    crashed the process about one time in seven."""
+    """SIGUSR1: every thread's stack to stderr, by name, then every task's of the call loop (the lanes). A Python
+    handler, run between two steps of the main thread with the interpreter held: faulthandler's dump reads the
+    other threads' frames while they run, and crashed the process about one time in seven."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     stacks = [
         f"Thread {names.get(ident, ident)} (most recent call last):\n" + "".join(traceback.format_stack(frame))
         for ident, frame in sys._current_frames().items()
     ]
+    stacks += call_loop_stacks()  # the lanes are tasks on the call loop
     sys.stderr.write("\n".join(stacks) + "\n")
     sys.stderr.flush()
 
@@ -105,7 +107,7 @@ class Worker:
         self.replica_id = replica_id or replica_identity(settings.replica.name)
         self.store = store or Store.from_settings(settings.database)
         self.metrics = metrics or Metrics()
-        # Traces (the otel extra, OTEL_* variables): before the routes, whose httpx clients it instruments.
+        # Traces (the otel extra, OTEL_* variables): before the routes, whose HTTP client sessions it instruments.
         self.tracing = Tracing.from_environment(
             replica=self.replica_id, producer_context=settings.tracing.producer_context
         )

@@ -451,7 +451,7 @@ def test_sigusr1_writes_every_threads_stack_to_stderr_and_the_replica_goes_on(
     wait_until(lambda: "_fetch_forever" in process.log(), what="the stacks in the log", workers=[process])
     log = process.log()
     assert "Thread fetcher-1 (most recent call last):" in log
-    assert "_serve_forever" in log  # the lanes' threads too
+    assert "Task lane-1 on the call loop" in log and "_serve_forever" in log  # the lanes too
     row_id = pg_db.insert("order.paid", "order-1", {})
     wait_until(lambda: pg_db.gone(row_id), what="the message correlated after the dump", workers=[process])
     assert process.running()

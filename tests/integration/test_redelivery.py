@@ -6,6 +6,7 @@ its term is ended in the database (no waiting for clocks), then another replica 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -509,35 +510,30 @@ def test_a_run_marked_as_its_replica_stops_is_unmarked_before_its_slot_is_releas
     if marker == "lane":
         engine.lanes.reserve = lambda: 0  # type: ignore[method-assign]  # as if no lane were free at the fetch
     send(store, "order-1")
-    mark_now, marked_by_fetch = engine.committer.mark_now, engine.committer.marked_by_fetch
+    mark_ahead, marked_by_fetch = engine.committer.mark_ahead, engine.committer.marked_by_fetch
     paths: list[str] = []
 
     def by_fetch(*args: object, **kwargs: object) -> list[MarkTicket]:
         tickets = marked_by_fetch(*args, **kwargs)  # type: ignore[arg-type]
         paths.extend("fetch" for ticket in tickets if ticket.calls)
-        for ticket in tickets:
-            hold(ticket)
         return tickets
 
-    def mark_then_wait(*args: object, **kwargs: object) -> MarkTicket:  # stops between the mark and the call
+    def by_lane(*args: object, **kwargs: object) -> MarkTicket:
         paths.append("lane")
-        return hold(mark_now(*args, **kwargs))  # type: ignore[arg-type]
+        return mark_ahead(*args, **kwargs)  # type: ignore[arg-type]
 
-    def hold(ticket: MarkTicket) -> MarkTicket:
-        wait = ticket.wait
+    marks_written = engine.lanes._marks_written
 
-        def wait_then_hold(timeout: float | None = None) -> float | None:
-            remaining = wait(timeout)
-            if ticket.done.is_set():
-                marked.set()
-                go.wait(10)
-            return remaining
+    async def written_then_hold(ticket: MarkTicket) -> bool:  # stops between the mark and the call
+        written = await marks_written(ticket)
+        if written:
+            marked.set()
+            await asyncio.get_running_loop().run_in_executor(None, go.wait, 10)
+        return written
 
-        ticket.wait = wait_then_hold  # type: ignore[method-assign]
-        return ticket
-
-    engine.committer.mark_now = mark_then_wait  # type: ignore[method-assign]
+    engine.committer.mark_ahead = by_lane  # type: ignore[method-assign]
     engine.committer.marked_by_fetch = by_fetch  # type: ignore[method-assign]
+    engine.lanes._marks_written = written_then_hold  # type: ignore[method-assign]
     engine.start()
     assert marked.wait(10)
     assert paths == [marker]

@@ -15,6 +15,7 @@ from typing import Any
 
 from worker.config import ConfigError
 from worker.correlators.log import LogCorrelator
+from worker.correlators.network import TARGET_KEYS
 from worker.correlators.python import TransactionalCorrelator, load_callable
 from worker.message import Message
 from worker.redact import redact_route
@@ -33,7 +34,8 @@ class Router:
     @classmethod
     def from_settings(cls, specs: Mapping[str, str | Mapping[str, Any]]) -> Router:
         """Build every route now; an unknown kind or an unimportable handler is a ConfigError."""
-        routes = {name: _build(name, spec) for name, spec in specs.items()}
+        destinations: dict[str, Any] = {}  # routes naming the same destination share its state
+        routes = {name: _build(name, spec, destinations) for name, spec in specs.items()}
         descriptions = {}
         for name, spec in specs.items():
             # A correlator configured elsewhere too (camunda8: the SDK's variables) says where it goes.
@@ -49,13 +51,33 @@ class Router:
         """The routes as text, for check-config and logs, with every credential hidden."""
         return dict(self._descriptions)
 
+    def destinations(self) -> list[Any]:
+        """The network destinations the routes send to, each once
+        (:class:`~worker.correlators.network.Destination`)."""
+        found: dict[int, Any] = {}
+        for correlator in self._routes.values():
+            destination = getattr(correlator, "destination", None)
+            if destination is not None:
+                found.setdefault(id(destination), destination)
+        return list(found.values())
+
+    def close(self) -> None:
+        """Close the routes' connections."""
+        for correlator in self._routes.values():
+            close = getattr(correlator, "close", None)
+            if callable(close):
+                close()
+
 
 # The keys each kind of route takes: any other (a misspelling such as "tiemout") is refused, not ignored.
+# Network routes also take their destination's settings.
+_TARGET_KEYS = TARGET_KEYS
 ROUTE_KEYS = {
     "log": frozenset({"type"}),
     "python": frozenset({"type", "handler", "target", "transactional"}),
-    "http": frozenset({"type", "url", "preset", "timeout", "headers", "auth", "all", "without_tenant_id"}),
-    "camunda8": frozenset({"type", "mode", "url", "tenant_id", "time_to_live", "timeout"}),
+    "http": frozenset({"type", "url", "preset", "timeout", "headers", "auth", "all", "without_tenant_id"})
+    | _TARGET_KEYS,
+    "camunda8": frozenset({"type", "mode", "url", "tenant_id", "time_to_live", "timeout"}) | _TARGET_KEYS,
 }
 
 
@@ -73,7 +95,7 @@ def _python(spec: Mapping[str, Any], setting: str) -> Correlator:
     return TransactionalCorrelator(load_callable(function, setting, arguments=2), function)
 
 
-def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
+def _build(name: str, spec: str | Mapping[str, Any], destinations: dict[str, Any]) -> Correlator:
     setting = f"CORRELATION_CORRELATORS[{name}]"
     if isinstance(spec, str):
         if spec == "log":
@@ -93,15 +115,15 @@ def _build(name: str, spec: str | Mapping[str, Any]) -> Correlator:
         return LogCorrelator()
     if kind == "python":
         return _python(spec, setting)
-    # The HTTP client is imported by the routes that use it: a replica without them starts without it.
+    # The network layer (aiohttp, the call loop) is imported by the routes that use it.
     if kind == "http":
         from worker.correlators.http import HttpCorrelator
 
-        return HttpCorrelator.from_spec(spec, setting)
+        return HttpCorrelator.from_spec(spec, setting, destinations)
     if kind == "camunda8":
         from worker.correlators.camunda8 import Camunda8Correlator
 
-        return Camunda8Correlator.from_spec(spec, setting)
+        return Camunda8Correlator.from_spec(spec, setting, destinations)
     raise ConfigError(
         f"invalid setting {setting}: unknown correlator type {kind!r}; use 'log', 'module:function', "
         '{"type": "http", "url": ...} or {"type": "camunda8", "mode": "correlate"}'

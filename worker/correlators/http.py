@@ -1,11 +1,15 @@
 """The ``http`` correlator: POSTs each message as JSON to an endpoint (DESIGN.md §5).
 
-2xx is success, and a JSON response body (up to 64 KiB) is the call's result, logged on the success line. 5xx,
-408, 429, timeouts and connection errors are retries, after the ``Retry-After`` the endpoint asks for (capped by
-the policy's ``backoff_cap``); 401 and 403 are retries too when the route authenticates (``auth``, or the
-``camunda7`` preset), logged as errors and counted (:class:`~worker.policy.outcomes.AuthProblem`); any other
-4xx is permanent. A 3xx is not followed: it is permanent, and its reason names the ``Location`` the endpoint
-pointed to.
+2xx is success, and a JSON response body (up to 64 KiB) is the call's result, logged on the success line. What
+is the endpoint's, not the message's (:mod:`worker.correlators.network`), is never an attempt: a connection
+refused or reset, 502, 503 and 504 (the endpoint is not there) and 429 (it asks to be called less); the message
+waits, in order, for ``Retry-After`` or for the destination's circuit to close. Other 5xx, 408 and timeouts are
+retries, after the ``Retry-After`` the endpoint asks for (capped by the policy's ``backoff_cap``); 401 and 403 are
+retries too when the route authenticates (``auth``, or the ``camunda7`` preset), logged as errors and counted
+(:class:`~worker.policy.outcomes.AuthProblem`); any other 4xx is permanent. A 3xx is not followed: it is
+permanent, and its reason names the ``Location`` the endpoint pointed to.
+
+Requests go out on the process's call loop (aiohttp, connections kept alive), the body encoded once.
 
 The ``camunda7`` preset speaks the message-correlation API of Camunda 7 / Operaton (``POST {url}/message``, with
 ``resultEnabled``): the matched process instance id is the result; its 400 "no process definition or execution
@@ -20,14 +24,17 @@ until shortly before it expires, and fetched again once when the endpoint answer
 Configured as::
 
     {"*": {"type": "http", "url": "http://engine:8080/engine-rest", "preset": "camunda7", "timeout": "PT10S"}}
+
+with, optionally, the destination's settings (:func:`worker.correlators.network.target_config`): ``max_in_flight``,
+``breaker_failures``, ``breaker_probe``, ``breaker_probe_max`` and ``busy_open_after``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
-import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -35,17 +42,26 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import orjson
 
 from worker.config import ConfigError, parse_duration, secret_from_environment
+from worker.correlators.network import (
+    Destination,
+    HttpClient,
+    NetworkCorrelator,
+    Reply,
+    TargetBusy,
+    TargetUnavailable,
+    destination_for,
+    shared_loop,
+    target_config,
+)
 from worker.message import Message, thaw
 from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry, storable_text
-from worker.redact import redact_text, redact_url
+from worker.redact import redact_url
 
 NOT_WAITING_MARKERS = ("no process definition or execution matches",)
 BODY_HEAD = 500
-# The largest response body kept as a call's result.
-RESULT_BODY_LIMIT = 64 * 1024
 
 
 # A token is fetched again this long (or a tenth of its lifetime, if shorter) before it expires.
@@ -53,14 +69,15 @@ TOKEN_SKEW = 30.0
 
 
 class ClientCredentials:
-    """An OAuth 2.0 client-credentials token, cached until shortly before it expires (thread-safe).
+    """An OAuth 2.0 client-credentials token, cached until shortly before it expires.
 
-    Thirty lines of RFC 6749 §4.4 on the correlator's own httpx pool: no library for it is worth its weight.
+    Thirty lines of RFC 6749 §4.4 on the call loop's HTTP client: no library for it is worth its weight. One
+    request at a time fetches a token; the calls waiting meanwhile take the one it brings.
     """
 
     def __init__(
         self, token_url: str, client_id: str, client_secret: str, *, scope: str | None = None,
-        audience: str | None = None, client: httpx.Client | None = None, clock: Callable[[], float] = time.monotonic,
+        audience: str | None = None, client: HttpClient | None = None, clock: Callable[[], float] = time.monotonic,
         check: str = "the route's auth: its client_id and the variable its client_secret_env names",
     ) -> None:
         self.token_url = token_url
@@ -70,53 +87,59 @@ class ClientCredentials:
             self._form["scope"] = scope
         if audience:
             self._form["audience"] = audience
-        self._client = client or httpx.Client(timeout=10.0)
+        self._client = client or HttpClient(10.0, {"Accept": "application/json"})
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock: asyncio.Lock | None = None  # made on the call loop
         self._token: str | None = None
         self._expires = 0.0
 
-    def header(self) -> str:
+    async def aheader(self) -> str:
         """``Bearer <token>``: the cached token, or a new one when it is (nearly) expired."""
-        with self._lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
             now = self._clock()
             if self._token is None or now >= self._expires:
-                self._token, lifetime = self._fetch()
+                self._token, lifetime = await self._fetch()
                 self._expires = now + max(lifetime - min(TOKEN_SKEW, lifetime / 10), 0.0)
             return f"Bearer {self._token}"
 
+    def header(self) -> str:
+        """:meth:`aheader` from a thread other than the call loop's."""
+        return shared_loop().run(self.aheader())
+
     def forget(self, header: str) -> None:
         """The endpoint refused the token of ``header``: the next call fetches a new one."""
-        with self._lock:
-            if header == f"Bearer {self._token}":
-                self._token = None
+        if header == f"Bearer {self._token}":
+            self._token = None
 
-    def _fetch(self) -> tuple[str, float]:
+    async def _fetch(self) -> tuple[str, float]:
         shown = redact_url(self.token_url)
         try:
-            response = self._client.post(self.token_url, data=self._form, headers={"Accept": "application/json"})
-        except httpx.HTTPError as error:
-            raise Retry(f"the token endpoint {shown} failed: {redact_text(str(error))}") from None
-        if response.status_code in (400, 401, 403):  # RFC 6749 §5.2: invalid_client, unauthorized_client, ...
+            response = await self._client.post(self.token_url, f"the token endpoint {shown}", data=self._form)
+        except Retry as error:  # unreachable or timed out: the call is tried again later
+            raise Retry(str(error)) from None
+        if response.status in (400, 401, 403):  # RFC 6749 §5.2: invalid_client, unauthorized_client, ...
             raise AuthProblem(
-                f"the token endpoint {shown} refused the client credentials ({response.status_code} "
+                f"the token endpoint {shown} refused the client credentials ({response.status} "
                 f"{_problem(response)}); check {self.check}"
             )
-        if response.status_code != 200:
-            raise Retry(f"the token endpoint {shown} answered {response.status_code}: {_problem(response)}")
+        if response.status != 200:
+            raise Retry(f"the token endpoint {shown} answered {response.status}: {_problem(response)}")
+        answer = answer_object(response)
         try:
-            answer = response.json()
+            assert answer is not None
             token, lifetime = answer["access_token"], float(answer.get("expires_in", 60))
-        except (ValueError, KeyError, TypeError):
+        except (AssertionError, ValueError, KeyError, TypeError):
             raise Retry(f"the token endpoint {shown} answered 200 without an access_token") from None
         if not isinstance(token, str) or not token:
             raise Retry(f"the token endpoint {shown} answered 200 without an access_token")
         # An unreadable lifetime (NaN, infinite) would keep the token forever: it is used for this call only.
         return token, lifetime if math.isfinite(lifetime) else 0.0
 
-    def close(self) -> None:
-        """Close the token endpoint's connection pool."""
-        self._client.close()
+    async def aclose(self) -> None:
+        """Close the token endpoint's connections."""
+        await self._client.close()
 
 
 Auth = str | ClientCredentials | None
@@ -168,16 +191,23 @@ AUTH_KEYS = {
 }
 
 
-def answer_object(response: httpx.Response) -> Mapping[str, Any] | None:
-    """An answer's body when it is a JSON object (a problem detail, a Camunda answer), else None."""
-    try:
-        body = response.json()
-    except ValueError:
+def answer_json(response: Reply) -> object:
+    """An answer's body as JSON (None when it is empty, cut short or not JSON)."""
+    if not response.body or response.truncated:
         return None
+    try:
+        return json.loads(response.body)
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than a decoder goes
+        return None
+
+
+def answer_object(response: Reply) -> Mapping[str, Any] | None:
+    """An answer's body when it is a JSON object (a problem detail, a Camunda answer), else None."""
+    body = answer_json(response)
     return body if isinstance(body, Mapping) else None
 
 
-def _problem(response: httpx.Response) -> str:
+def _problem(response: Reply) -> str:
     """What an error answer says: a problem+json or Camunda 7 body's type/title and detail/message, else the
     head of its text."""
     body = answer_object(response)
@@ -186,19 +216,34 @@ def _problem(response: httpx.Response) -> str:
                  if isinstance(body.get(key), str | int) and body.get(key) != ""]
         if parts:
             return storable_text(": ".join(parts), BODY_HEAD)
-    return response.text[:BODY_HEAD] or "(empty body)"
+    return storable_text(response.body[:BODY_HEAD * 4].decode("utf-8", "replace"), BODY_HEAD) or "(empty body)"
 
 
-def _json_result(response: httpx.Response) -> object:
+def _json_result(response: Reply) -> object:
     """A 2xx answer's JSON body, if it has one that is small enough to keep (else None)."""
-    if not response.content or len(response.content) > RESULT_BODY_LIMIT:
-        return None
     if "json" not in response.headers.get("Content-Type", ""):
         return None
+    return answer_json(response)
+
+
+def encode(body: object) -> bytes:
+    """A request body as JSON bytes, once (orjson; Python's encoder for what orjson refuses, such as an integer
+    past 64 bits)."""
     try:
-        return response.json()
-    except ValueError:
-        return None
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def back_pressure_or_outage(status: int, shown: str, head: str, after: float | None) -> Retry | None:
+    """The outcome of an answer that is the target's, not the message's: 429 (busy), 502/503/504 (not there);
+    None for any other status."""
+    waits = "" if after is None else f" (Retry-After {after:.0f}s)"
+    if status == 429:
+        return TargetBusy(f"POST {shown} answered 429{waits}: {head}", after=after)
+    if status in (502, 503, 504):
+        return TargetUnavailable(f"POST {shown} answered {status}{waits}: {head}", after=after)
+    return None
 
 
 def retry_after(value: str | None, date: str | None = None) -> float | None:
@@ -260,8 +305,8 @@ def camunda7_body(message: Message, *, correlate_all: bool = False, without_tena
     return body
 
 
-class HttpCorrelator:
-    """POSTs messages to one endpoint with a shared connection pool."""
+class HttpCorrelator(NetworkCorrelator):
+    """POSTs messages to one endpoint from the call loop, its connections kept alive."""
 
     def __init__(
         self,
@@ -270,10 +315,10 @@ class HttpCorrelator:
         preset: str | None = None,
         timeout: timedelta = timedelta(seconds=10),
         headers: Mapping[str, str] | None = None,
-        client: httpx.Client | None = None,
         correlate_all: bool = False,
         without_tenant: bool = False,
         auth: Auth = None,
+        destination: Destination | None = None,
     ) -> None:
         self.preset = preset
         # A 401 or 403 is a credentials problem to fix, retried, where the route authenticates: with 'auth', or
@@ -285,10 +330,13 @@ class HttpCorrelator:
         self.url = url.rstrip("/") + "/message" if preset == "camunda7" else url
         # What errors (and so last_error and the logs) name: the URL without its credentials.
         self.shown_url = redact_url(self.url)
-        self.client = client or httpx.Client(timeout=timeout.total_seconds(), headers=dict(headers or {}))
+        self.destination = destination or Destination(self.url, self.shown_url, target_config({}, "http"))
+        self.client = HttpClient(timeout.total_seconds(), dict(headers or {}))
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], setting: str) -> HttpCorrelator:
+    def from_spec(
+        cls, spec: Mapping[str, Any], setting: str, destinations: dict[str, Destination] | None = None
+    ) -> HttpCorrelator:
         """Build from a route's JSON spec; a missing URL or unknown preset is a ConfigError."""
         url = spec.get("url")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -321,12 +369,20 @@ class HttpCorrelator:
         auth = build_auth(spec.get("auth"), setting)
         if auth is not None and any(k.lower() == "authorization" for k in headers):
             raise ConfigError(f"invalid setting {setting}: give 'auth' or an 'Authorization' header, not both")
-        if "@" in urlsplit(url).netloc and (auth is not None or any(k.lower() == "authorization" for k in headers)):
-            # httpx turns URL credentials into an Authorization header that replaces the configured one.
-            raise ConfigError(
-                f"invalid setting {setting}: credentials in 'url' would replace the 'Authorization' header; "
-                "give one of the two"
-            )
+        parts = urlsplit(url)
+        if "@" in parts.netloc:
+            if auth is not None or any(k.lower() == "authorization" for k in headers):
+                # URL credentials become an Authorization header that would replace the configured one.
+                raise ConfigError(
+                    f"invalid setting {setting}: credentials in 'url' would replace the 'Authorization' header; "
+                    "give one of the two"
+                )
+            if parts.username is not None:  # user:password@ in the URL: basic auth, as a browser would send it
+                from urllib.parse import unquote
+
+                pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+                auth = f"Basic {base64.b64encode(pair).decode()}"
+                url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
         flags = {}
         for key in ("all", "without_tenant_id"):
             if not isinstance(spec.get(key, False), bool):
@@ -334,23 +390,29 @@ class HttpCorrelator:
             if key in spec and preset != "camunda7":
                 raise ConfigError(f"invalid setting {setting}: '{key}' belongs to the camunda7 preset")
             flags[key] = bool(spec.get(key, False))
+        endpoint = url.rstrip("/") + "/message" if preset == "camunda7" else url
+        destination = destination_for(
+            {} if destinations is None else destinations, endpoint.split("?", 1)[0], redact_url(endpoint),
+            target_config(spec, setting), setting,
+        )
         return cls(
             url, preset=preset, timeout=timeout, headers=headers,
             correlate_all=flags["all"], without_tenant=flags["without_tenant_id"], auth=auth,
+            destination=destination,
         )
 
-    def __call__(self, message: Message) -> Result:
+    async def call(self, message: Message) -> Result:
         """POST the message; its answer's JSON is the result. Raise an outcome unless the answer is 2xx."""
         if self.preset == "camunda7":
             body = camunda7_body(message, correlate_all=self.correlate_all, without_tenant=self.without_tenant)
         else:
             body = generic_body(message)
-        content = json.dumps(body)
-        response = self._post(content)
-        if response.status_code == 401 and isinstance(self.auth, ClientCredentials):
-            self.auth.forget(response.request.headers.get("Authorization", ""))
-            response = self._post(content)  # once, with a new token
-        status = response.status_code
+        content = encode(body)
+        response, sent = await self._post(content)
+        if response.status == 401 and isinstance(self.auth, ClientCredentials):
+            self.auth.forget(sent)
+            response, _ = await self._post(content)  # once, with a new token
+        status = response.status
         if 200 <= status < 300:
             answer = _json_result(response)
             return Result(camunda7_result(answer) if self.preset == "camunda7" else answer)
@@ -361,8 +423,11 @@ class HttpCorrelator:
                 f"POST {self.shown_url} answered {status} redirecting to {location}; redirects are not followed: "
                 "set the route's url to the endpoint itself"
             )
-        if status >= 500 or status in (408, 429):
-            after = retry_after(response.headers.get("Retry-After"), response.headers.get("Date"))
+        after = retry_after(response.headers.get("Retry-After"), response.headers.get("Date"))
+        targets = back_pressure_or_outage(status, self.shown_url, head, after)
+        if targets is not None:
+            raise targets
+        if status >= 500 or status == 408:
             waits = "" if after is None else f" (Retry-After {after:.0f}s)"
             raise Retry(f"POST {self.shown_url} answered {status}{waits}: {head}", after=after)
         if status in (401, 403) and self.authenticates:
@@ -376,24 +441,21 @@ class HttpCorrelator:
             )
         raise PermanentError(f"POST {self.shown_url} answered {status}: {head}")
 
-    def _post(self, content: str) -> httpx.Response:
+    async def _post(self, content: bytes) -> tuple[Reply, str]:
+        """The answer, and the Authorization header sent (a refused token is forgotten by it)."""
         headers = {"Content-Type": "application/json"}
         if isinstance(self.auth, ClientCredentials):
-            headers["Authorization"] = self.auth.header()
+            headers["Authorization"] = await self.auth.aheader()
         elif self.auth is not None:
             headers["Authorization"] = self.auth
-        try:
-            return self.client.post(self.url, content=content, headers=headers)
-        except httpx.TimeoutException as error:
-            raise Retry(f"POST {self.shown_url} timed out: {redact_text(str(error))}") from None
-        except httpx.TransportError as error:
-            raise Retry(f"POST {self.shown_url} failed: {redact_text(str(error))}") from None
+        reply = await self.client.post(self.url, self.shown_url, data=content, headers=headers)
+        return reply, headers.get("Authorization", "")
 
-    def close(self) -> None:
-        """Close the connection pools."""
-        self.client.close()
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self.client.close()
         if isinstance(self.auth, ClientCredentials):
-            self.auth.close()
+            await self.auth.aclose()
 
 
 def camunda7_result(answer: object) -> dict[str, Any] | None:

@@ -59,6 +59,9 @@ DEFERRED_FIRST, DEFERRED_MAX = 0.1, 5.0  # how soon a deferred outcome (row lock
 Recorded = Callable[[Sequence[tuple[Message, str]]], None]
 
 
+_LATCH_CALLBACKS = threading.Lock()  # a latch's callbacks and its setting, one step to the other
+
+
 class Latch:
     """A one-shot event, set once by one thread and waited on by any: one lock, held until it is set.
 
@@ -67,17 +70,33 @@ class Latch:
     through that list; this makes one lock and releases it.
     """
 
-    __slots__ = ("_lock", "_set")
+    __slots__ = ("_callbacks", "_lock", "_set")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self._set = False
+        self._callbacks: list[Callable[[], None]] | None = None
 
     def set(self) -> None:
-        if not self._set:
+        if self._set:
+            return
+        with _LATCH_CALLBACKS:
             self._set = True
-            self._lock.release()
+            callbacks, self._callbacks = self._callbacks, None
+        self._lock.release()
+        for callback in callbacks or ():
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once it is set (at once, if it is): how an event loop awaits it without a thread."""
+        with _LATCH_CALLBACKS:
+            if not self._set:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def is_set(self) -> bool:
         return self._set

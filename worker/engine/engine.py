@@ -213,13 +213,16 @@ class Engine:
         self.lanes = Lanes(
             router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
             on_taken=self._room, monotonic=monotonic, held_back=self.held_back, tracing=tracing,
+            on_target_ready=self._target_ready,
         )
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._terms: dict[int, Fence | None] | None = None  # the slot source's terms at the last look
         self._unfollowed = False  # slots were acquired since the fetchers last looked at the leases
         self._busy: dict[str, HintWork] = {}
-        self._resting: dict[str, tuple[float, int]] = {}  # hint: (until, its slot)
+        # Hints not fetched for a while: hint -> (until, its slot, the destination it waits for or None). After a
+        # batch of batch_size, until the next poll; refused by its target, until it may be called again.
+        self._resting: dict[str, tuple[float, int, str | None]] = {}
         self._tally: Counter[str] = Counter()
         self._pins = PinClock()
         self._horizon_lock = threading.Lock()  # the pin clock and the last reading, shared by the fetchers
@@ -332,7 +335,7 @@ class Engine:
                 f"{self.lanes.hung()} correlator calls are stuck past their handler timeout and hold every lane "
                 "(poll.concurrency): restart this replica"
             )
-        return None
+        return self.lanes.health()
 
     def slot_progress_ages(self) -> dict[int, float]:
         """Seconds since each held slot last drained or gave out work."""
@@ -626,7 +629,7 @@ class Engine:
             self._prune_rests(now)
             # Not candidates: hints busy here, resting after a batch of batch_size, or paused.
             skip = [work.hint for work in self._busy.values() if work.slot == state.slot]
-            skip += [hint for hint, (_, slot) in self._resting.items() if slot == state.slot]
+            skip += [hint for hint, (_, slot, _) in self._resting.items() if slot == state.slot]
         skip += paused_hints
         with self._horizon_lock:
             passed_over = overdue(self._pins, now, self.settings.order.max_wait.total_seconds())
@@ -791,8 +794,20 @@ class Engine:
         return wanted
 
     def _prune_rests(self, now: float) -> None:
-        for hint in [hint for hint, (until, _) in self._resting.items() if until <= now]:
+        for hint in [hint for hint, (until, _, _) in self._resting.items() if until <= now]:
             del self._resting[hint]
+
+    def _target_ready(self, key: str) -> None:
+        """A destination's circuit closed: the hints resting for it are fetched again now."""
+        now = self._monotonic()
+        with self._cond:
+            for hint, (_, slot, waits_for) in list(self._resting.items()):
+                if waits_for == key:
+                    del self._resting[hint]
+                    state = self._slots.get(slot)
+                    if state is not None:
+                        state.want(now)
+            self._cond.notify_all()
 
     def _note_reading(self, started: float, reading: HorizonReading | None) -> None:
         """Keep the latest horizon reading (by when its fetch started) for other fetches to reuse, if no producer
@@ -860,8 +875,12 @@ class Engine:
             resting = not work.stopped and work.cut and self.settings.policy.batch_size != -1
             if state is None:
                 pass
+            elif work.rest is not None:  # its target refused it or its circuit is open: not before it may go
+                key, seconds = work.rest
+                self._resting[work.hint] = (now + seconds, work.slot, key)
+                state.want(now + seconds)
             elif resting:  # N per poll: the hint rests until the next one
-                self._resting[work.hint] = (now + self.interval, work.slot)
+                self._resting[work.hint] = (now + self.interval, work.slot, None)
                 state.want(now + self.interval)
             elif work.again or (work.cut and not work.stopped) or state.notified_at >= work.fetched_at:
                 state.want(now)  # more of it, or messages arrived in its slot while it was busy (and passed over)

@@ -1,59 +1,70 @@
-"""Hint lanes: the threads that call correlators, a hint at a time, in order, across all of a replica's slots.
+"""Hint lanes: ``poll.concurrency`` tasks on the call loop that call correlators, a hint at a time, in order, across
+all of a replica's slots.
 
-Fetched hints wait in one rotation (first in, first out). ``poll.concurrency`` lane threads each take the
-hint at the front, make its next *run* of calls, and put it back at the end if it has more: so a hint with a
-long backlog or slow calls never keeps a new hint (of any slot) waiting for more than one run. A hint is in
-the rotation or with one lane, never two: one hint never has two calls at once.
+Fetched hints wait in one rotation (first in, first out). Each lane takes the hint at the front, makes its next
+*run* of calls, and puts it back at the end if it has more: so a hint with a long backlog or slow calls never
+keeps a new hint (of any slot) waiting for more than one run. A hint is in the rotation or with one lane, never
+two: one hint never has two calls at once.
+
+The lanes are coroutines on one event loop (:class:`~worker.correlators.network.CallLoop`). A run to a network
+target (``http``, ``camunda7``, ``camunda8``) is awaited there, call by call, so calls in flight cost no thread;
+a run of a Python correlator is handed, whole, to a thread of its own (:class:`RunThreads`): Python handlers keep
+their threads, and a fast handler's calls follow one another with nothing in between.
 
 A run's calls are marked in flight (a row each in ``correlation_call``, through the committer) before the
 first starts, so a replica taking the slot over after this one died knows which calls were under way; a lane
 makes only the calls that were marked, in order, and stops at the first that was not (in flight elsewhere,
 paused or deleted meanwhile). A run is one call for correlators slower than a mark and several for fast ones
-(:func:`worker.policy.batching.run_length`). While every lane calls, a lane starting its run has the next run
-of the rotation's front *marked ahead* (at most one per lane, never for a message to call alone): the first
-lane free takes it and calls at once, so that lanes do not wait for a write between two runs. When every lane
-waits for work, the fetch marks the first runs itself, in its own round trip (:meth:`Lanes.reserve`,
-:class:`worker.db.fetch.FetchMark`), and they go ahead the same way. A replica dying meanwhile leaves such a run
-marked, delivered again by its successor as a run under way would be::
+(:func:`worker.policy.batching.run_length`), all to one destination. While every lane calls, a lane starting
+its run has the next runs of the rotation's front *marked ahead*: the first lane free takes one and calls at
+once. When every lane waits for work, the fetch marks the first runs itself (:meth:`Lanes.reserve`). A replica
+dying meanwhile leaves such a run marked, delivered again by its successor as a run under way would be::
 
-    lane:    ask mark A ── wait ── call A ─────────────── call B ─────────── call C ...
-    marker:            write A ┘└ write B (asked ahead) └ write C (asked ahead)
+    lane:    mark A ── wait ── call A ─────────────── call B ─────────── call C ...
+    marker:        write A ┘└ write B (asked ahead) └ write C (asked ahead)
+
+A network target's state (:mod:`worker.policy.targets`) is consulted before a run is marked: a run waits,
+parked, while its destination has as many calls in flight as its limit allows; a hint whose destination's
+circuit is open is let go to rest (no mark, no call, no attempt) until its next probe or until it closes. An
+answer that is the target's (refused, busy) charges no attempt: the hint rests until ``Retry-After``.
 
 A message already lost once (its replica died during its call) is called *alone*: its lane waits until no
-other lane is in a run, other lanes wait until its call is over and its mark says so no more (its outcome
-written, or its call marked returned when another session holds its row: that session delays its hint only).
-Runs marked ahead are past that gate: a lane waiting at it steps aside to make them when no other lane would.
-Should the replica die again during that call, the death is attributable to the message, which is how a
-poison message is told from the innocent ones that happened to run beside it
-(:func:`worker.policy.outcomes.settle_lost_call`).
+other lane is in a run, other lanes wait until its call is over and its mark says so no more. Runs marked ahead
+are past that gate: a lane waiting at it steps aside to make them when no other lane would. Should the replica
+die again during that call, the death is attributable to the message, which is how a poison message is told
+from the innocent ones that happened to run beside it (:func:`worker.policy.outcomes.settle_lost_call`).
 
 Before each call the lane checks that the message has not expired (by the database clock), that no durable
-pause holds it back (a pause stops calls within moments, not when fetched work runs out), and that the term the
-hint was fetched under still runs and stays safe for longer than the call may take. A watchdog gives up on
-calls past their handler timeout: the outcome is recorded as a timeout, the hint stays busy until the call
-returns, and a new lane thread replaces the stuck one, up to ``concurrency`` stuck threads; past that the
-replica stops taking work and reports itself unhealthy so that its supervisor restarts it.
+pause holds it back, and that the term the hint was fetched under still runs and stays safe for longer than the
+call may take. A network call past its handler timeout is cancelled and recorded as a timeout. A Python call
+past it is given up on by the watchdog: the outcome is recorded as a timeout, the hint stays busy until the call
+returns, and a new lane replaces the stuck one, up to ``concurrency`` stuck calls; past that the replica stops
+taking work and reports itself unhealthy so that its supervisor restarts it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import logging
+import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from worker.config import Mode, Policy, Settings, format_duration
 from worker.correlators import Correlator, Router
+from worker.correlators.network import CallLoop, Destination, TargetBusy, TargetUnavailable, shared_loop
 from worker.correlators.python import TransactionalCorrelator
 from worker.db.base import Fence
 from worker.db.errors import StoreError
-from worker.engine.committer import Committer, MarkTicket, Outcomes
+from worker.engine.committer import Committer, Latch, MarkTicket, Outcomes
 from worker.message import Message
 from worker.policy.batching import MAX_RUN, run_length
 from worker.policy.outcomes import (
@@ -62,12 +73,15 @@ from worker.policy.outcomes import (
     HandlerTimeout,
     Kind,
     PermanentError,
+    Reschedule,
+    Retry,
     first_line,
     interpret_return,
     resolve,
     result_of,
     succeeded,
 )
+from worker.policy.targets import Answer, Circuit, TargetState, Transition
 from worker.service.logs import log_fields
 from worker.service.metrics import Metrics
 from worker.service.tracing import Tracing
@@ -76,12 +90,14 @@ logger = logging.getLogger(__name__)
 
 WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls, at least (and while stopping)
 WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortest handler timeout in between
-MARK_WAIT_LOOK = 0.25  # seconds between a lane's looks at a stop while it waits for marks
-# Runs of the rotation marked ahead as a run starts (up to one per lane in all): with one, the runs marked ahead
-# stayed as few as when the rotation last ran short, and lanes waited for marks asked a run earlier whenever a mark
-# took longer than a run (10 ms calls on a loaded machine: 11-19 % of their time).
+WAIT_LOOK = 0.5  # seconds between a waiting lane's looks at a stop (it is woken sooner by what it waits for)
+# Runs of the rotation marked ahead as a run starts (up to one per lane in all).
 AHEAD_PER_RUN = 2
 _NO_SPAN = nullcontext()  # reusable: the call's span when tracing is off
+
+# What a call came to: the error (None for success), the target's answer, and how its transaction ended (a
+# transactional call: written, fenced, busy, gone, failed) or ``held`` (the target refused it: not an attempt).
+CallResult = tuple[BaseException | None, str | None, str | None]
 
 
 class Leases(Protocol):
@@ -117,6 +133,39 @@ class DatabaseClock:
         return reading + timedelta(seconds=self._monotonic() - at)
 
 
+class RunThreads:
+    """Daemon threads for the runs of Python correlators: one per run under way (the lanes', and those of calls
+    given up on after their timeout, until they return). A thread left idle takes the next run."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._numbers = itertools.count(1)
+
+    def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``job()`` on a thread; its future."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._jobs.put((future, job))
+        if spawn:
+            threading.Thread(target=self._serve, name=f"lane-{next(self._numbers)}", daemon=True).start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            future, job = self._jobs.get()
+            try:
+                future.set_result(job())
+            except BaseException as error:  # the lane awaiting it decides what it means
+                future.set_exception(error)
+            with self._lock:
+                self._idle += 1
+
+
 @dataclass(eq=False)
 class HintWork:
     """One hint's fetched batch while this replica works on it (the hint is *busy* meanwhile)."""
@@ -126,7 +175,7 @@ class HintWork:
     fence: Fence | None
     pending: deque[Message]
     cut: bool  # the fetch may have left more eligible messages of the hint behind
-    running: bool = False  # a lane is calling it
+    running: bool = False  # a lane has it (calling, or parked for its target)
     unrecorded: int = 0  # outcomes handed to the committer, not written yet
     hung: bool = False  # a call given up on (timeout) is still running
     stopped: bool = False  # an outcome ended the batch (it holds the hint back)
@@ -135,12 +184,13 @@ class HintWork:
     started: float = 0.0  # monotonic time of its first call
     fetched_at: float = 0.0  # monotonic time of its fetch
     called: int = 0
+    rest: tuple[str, float] | None = None  # its target refused or is open: (destination, seconds to rest)
 
 
 @dataclass(eq=False)
 class _Lane:
     number: int
-    thread: threading.Thread | None = None
+    task: asyncio.Task[None] | None = None
     work: HintWork | None = None
     current: Message | None = None
     deadline: float = float("inf")
@@ -150,7 +200,7 @@ class _Lane:
     unmark: list[Message] = field(default_factory=list)  # marked calls of the run that will not be made
     abandon: list[Message] = field(default_factory=list)  # calls given up on at shutdown
     handed: Outcomes | None = None  # the last outcomes handed over (a lone run waits until they are handled)
-    abandoned: bool = False  # given up on (timeout or shutdown): its thread ends when the call returns
+    abandoned: bool = False  # given up on (timeout or shutdown): it ends when the call returns
     timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
     session: int | None = None  # the database session of a transactional call in progress (PostgreSQL)
     admitted: bool = False  # past the gate: its run may be marked and called
@@ -162,15 +212,16 @@ class _Lane:
 
 @dataclass(eq=False)
 class _Ahead:
-    """A hint's next run, marked while the lanes are all calling, for the first lane that is free."""
+    """A hint's next run, marked before a lane takes it (ahead by a lane, or by the fetch)."""
 
     work: HintWork
     run: list[Message]
     ticket: MarkTicket
+    target: TargetState | None = None  # its destination's call admitted for it (a network run marked ahead)
 
 
 class Lanes:
-    """The lane threads and the rotation of hints waiting for them."""
+    """The lane tasks and the rotation of hints waiting for them."""
 
     def __init__(
         self,
@@ -185,6 +236,8 @@ class Lanes:
         monotonic: Callable[[], float] = time.monotonic,
         held_back: Callable[[Message], bool] = lambda message: False,
         tracing: Tracing | None = None,
+        on_target_ready: Callable[[str], None] = lambda key: None,
+        call_loop: CallLoop | None = None,
     ) -> None:
         self.router = router
         self.tracing = tracing  # None: no spans, nothing of OpenTelemetry imported
@@ -197,74 +250,112 @@ class Lanes:
         # A hint's work is over: no call running or to make, every outcome written.
         self._on_finished = on_finished
         self._on_taken = on_taken  # a lane took a hint: there is room in the rotation
+        self._on_target_ready = on_target_ready  # a destination's circuit closed: its resting hints may go
         self._held_back = held_back  # a durable pause holds this message back now
         self._monotonic = monotonic
+        self.call_loop = call_loop or shared_loop()
         self.concurrency = settings.poll.concurrency
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)
-        # Idle lanes wait on this one (same lock): new work wakes as many of them as it has hints, where a
-        # notify_all of _cond woke every idle lane and every waiter at the gate for each page of work.
-        self._work_ready = threading.Condition(lock)
+        # The lanes' shared state: taken by the loop's tasks, the fetchers, the committer and the run threads, each
+        # for moments. Waiters off the loop (a stop) wait on the condition; the lanes on futures of the loop.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._work_waiters: deque[asyncio.Future[None]] = deque()  # lanes waiting for work
+        self._gate_waiters: list[asyncio.Future[None]] = []  # lanes waiting at the gate (or for a stop)
         self._rotation: deque[HintWork] = deque()
-        # The front of the rotation, its runs marked ahead while every lane was calling: lanes take these first.
-        self._ahead: deque[_Ahead] = deque()  # at most one per lane
+        # Runs marked before a lane took them (ahead, or by the fetch): lanes take these first.
+        self._ahead: deque[_Ahead] = deque()  # at most one per lane, and the fetch's
+        self._parked: dict[str, deque[HintWork]] = {}  # by destination: works waiting for a call to end there
         self._lanes: list[_Lane] = []
         self._numbers = itertools.count(1)
+        self._threads = RunThreads()
         self._hung = 0
         self._stopping = False
         self._started = False
+        self._fatal: str | None = None
         self._tally: Counter[str] = Counter()  # outcomes of calls, for Engine.run_once
         self._policies: dict[str, Policy] = {}
         self._timeouts: dict[str, float] = {}  # per message name: its handler timeout in seconds
+        self._destinations: dict[str, Destination | None] = {}  # per message name: its route's destination
+        self._targets: dict[str, TargetState] = {
+            destination.key: destination.bind(self.concurrency) for destination in router.destinations()
+        }
+        self._shown = {destination.key: destination.shown for destination in router.destinations()}
+        for key, target in self._targets.items():
+            self.metrics.target_open.labels(self._shown[key]).set(0)
+            self.metrics.target_limit.labels(self._shown[key]).set(target.allowed())
         self._call_seconds: dict[str, float] = {}  # per message name, smoothed
         self._mark_seconds = 0.002  # smoothed time a mark takes to be committed
-        self._watchdog: threading.Thread | None = None
         self._alone_waiting = 0  # lanes waiting to call a message alone (no lane is admitted meanwhile)
         self._alone: _Lane | None = None  # the lane calling a message alone
         self._fetches_marking = 0  # fetches that may mark calls for the lanes waiting (see reserve)
         self._let_go: list[HintWork] = []  # hints given up by the watchdog, their work to report as over
-        # The watchdog finds a call past its timeout within a twentieth of the shortest one (20 looks a second
-        # at the default 30 s were most of an idle replica's wake-ups); stopping wakes it.
+        # The watchdog finds a call past its timeout within a twentieth of the shortest one; stopping wakes it.
         shortest = settings.shortest_handler_timeout().total_seconds()
         self._watch_tick = min(WATCH_TICK_MAX, max(WATCH_TICK, shortest / 20))
-        self._watch_wake = threading.Event()
+        self._watch_wake: asyncio.Event | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the lane threads and the watchdog."""
-        with self._cond:
+        """Start the lane tasks and the watchdog on the call loop."""
+        with self._lock:
             if self._started:
                 return
             self._started = True
+        self.call_loop.run(self._start_on_loop(), timeout=30)
+
+    async def _start_on_loop(self) -> None:
+        self._watch_wake = asyncio.Event()
+        with self._lock:
             for _ in range(self.concurrency):
                 self._spawn()
-        self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
-        self._watchdog.start()
+        asyncio.get_running_loop().create_task(self._supervised(self._watch, "the watchdog"), name="watchdog")
 
     def _spawn(self) -> None:
+        """Under the lock, on the loop: a new lane."""
         lane = _Lane(next(self._numbers))
-        lane.thread = threading.Thread(target=self._serve_forever, args=(lane,), name=f"lane-{lane.number}",
-                                       daemon=True)
         self._lanes.append(lane)
-        lane.thread.start()
+        lane.task = asyncio.get_running_loop().create_task(
+            self._supervised(lambda: self._serve_forever(lane), f"lane {lane.number}"), name=f"lane-{lane.number}"
+        )
+
+    async def _supervised(self, body: Callable[[], Any], what: str) -> None:
+        """Run a long-lived part of the lanes; one that fails makes the replica unhealthy (it is not left to run on
+        without it)."""
+        try:
+            await body()
+        except Exception as error:
+            self._fatal = f"{what} failed: {type(error).__name__}: {first_line(error)}"
+            logger.critical("%s; the replica is unhealthy and must be restarted", self._fatal, exc_info=error)
+
+    def health(self) -> str | None:
+        """Why the lanes cannot do their job (None when they can)."""
+        return self._fatal or self.call_loop.failure()
 
     def stop_taking_work(self) -> list[HintWork]:
         """Start no new call; returns the hints still waiting in the rotation (the caller lets them go)."""
-        with self._cond:
+        with self._lock:
             self._stopping = True
-            self._watch_wake.set()
             dropped = list(self._rotation)
             self._rotation.clear()
+            for parked in self._parked.values():
+                dropped += parked
+            self._parked.clear()
+            for work in dropped:
+                work.running = False
             dropped += self._let_go_ahead(lambda work: True, withdraw=True)
-            self._cond.notify_all()
-            self._work_ready.notify_all()
+            self._notify_gate()
+            self._notify_work(len(self._lanes))
+        self.call_loop.call_soon(self._wake_watchdog)
         return dropped
+
+    def _wake_watchdog(self) -> None:
+        if self._watch_wake is not None:
+            self._watch_wake.set()
 
     def _let_go_ahead(self, which: Callable[[HintWork], bool], *, withdraw: bool) -> list[HintWork]:
         """Under the lock: take these hints' runs marked ahead out; returns the hints. ``withdraw``: their marks
-        are taken back (the replica stops or the slot is gone), else kept for when a lane calls them (marking
-        them again under the same term changes nothing)."""
+        are taken back (the replica stops or the slot is gone)."""
         let_go, kept = [], deque[_Ahead]()
         for item in self._ahead:
             if not which(item.work):
@@ -272,12 +363,14 @@ class Lanes:
                 continue
             if withdraw:
                 self.committer.withdraw(item.ticket)
+            if item.target is not None:
+                self._release(item.target)
             item.work.pending.extendleft(reversed(item.run))
             item.work.running = False
             let_go.append(item.work)
         self._ahead = kept
         if let_go:  # the gate may have waited for these runs
-            self._cond.notify_all()
+            self._notify_gate()
         return let_go
 
     def wait_for_calls(self, grace: float) -> None:
@@ -320,6 +413,61 @@ class Lanes:
     def _running_calls(self) -> int:
         return sum(1 for lane in self._lanes if lane.current is not None and not lane.abandoned)
 
+    # -- waking lanes (the loop's futures) ------------------------------------------------------------------
+
+    def _notify_work(self, count: int) -> None:
+        """Wake up to ``count`` lanes waiting for work (from any thread)."""
+        if count > 0:
+            self._soon(self._wake_work, count)
+
+    def _notify_gate(self) -> None:
+        """Under the lock: the gate's state changed (a run began or ended, a lone call's outcome was handled, a
+        stop): wake the lanes waiting at it, and any thread waiting for the runs to end."""
+        self._cond.notify_all()
+        self._soon(self._wake_gate)
+
+    def _soon(self, callback: Callable[..., None], *args: Any) -> None:
+        if self.call_loop.in_loop():
+            callback(*args)
+        else:
+            self.call_loop.call_soon(callback, *args)
+
+    def _wake_work(self, count: int) -> None:
+        while count and self._work_waiters:
+            waiter = self._work_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                count -= 1
+
+    def _wake_gate(self) -> None:
+        waiters, self._gate_waiters = self._gate_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self, waiters: deque[asyncio.Future[None]] | list[asyncio.Future[None]]) -> None:
+        """Wait to be woken through ``waiters`` (or WAIT_LOOK seconds)."""
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        with suppress(TimeoutError):
+            await asyncio.wait_for(waiter, WAIT_LOOK)
+
+    async def _latched(self, latch: Latch, timeout: float | None = None) -> bool:
+        """Await a latch set by another thread (for ``timeout`` seconds at most); whether it is set."""
+        if latch.is_set():
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def done() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        latch.on_set(lambda: self.call_loop.call_soon(done))
+        with suppress(TimeoutError):
+            await asyncio.wait_for(waiter, timeout)
+        return latch.is_set()
+
     # -- the rotation ---------------------------------------------------------------------------------------
 
     def submit(self, works: Sequence[HintWork], marked: Mapping[int, MarkTicket] | None = None) -> None:
@@ -328,7 +476,7 @@ class Lanes:
         if not works:
             return
         let_go: list[HintWork] = []
-        with self._cond:
+        with self._lock:
             if not self._stopping:
                 for work in works:
                     ticket = marked.get(work.pending[0].id) if marked and work.pending else None
@@ -336,9 +484,7 @@ class Lanes:
                         self._rotation.append(work)
                     elif self._hung >= self.concurrency:
                         # Stuck calls came to hold every lane while the fetch marked (it reserved with none stuck):
-                        # no lane would make the run, and its calls would stay marked, to be counted lost at the
-                        # restart health asks for. Its marks are taken back and the hint let go, as when the last
-                        # lane got stuck with runs ahead (_give_up).
+                        # no lane would make the run. Its marks are taken back and the hint let go.
                         self.committer.withdraw(ticket)
                         work.pending.clear()
                         work.again = True
@@ -347,28 +493,28 @@ class Lanes:
                         work.running = True
                         run = [work.pending.popleft() for _ in ticket.calls]
                         self._ahead.append(_Ahead(work, run, ticket))
-                self._work_ready.notify(len(works))
+                self._notify_work(len(works))
                 if self._ahead and self._alone_waiting:  # lanes at the gate step aside for them
-                    self._cond.notify_all()
+                    self._notify_gate()
             else:
                 for ticket in (marked or {}).values():  # fetched while the replica stops: marks taken back
                     self.committer.withdraw(ticket)
                 let_go = list(works)
-        for work in let_go:  # outside the lock: a hint's work ending reaches the engine
+        for work in let_go:
             self.settle(work)
 
     def reserve(self) -> int:
         """How many first calls a fetch may mark itself: every lane, when all of them wait for work (work arrives
-        at an idle replica, and its first calls then wait for no mark of their own); else none. A busy replica
-        marks runs as its lanes take them, or ahead of them, as long as its calls make them. One fetch at a time
-        marks (the lanes' runs marked ahead stay at about one per lane).
+        at an idle replica, and its first calls then wait for no mark of their own); else none. One fetch at a
+        time marks.
 
         Past zero the gate stays shut to a message to call alone until :meth:`unreserve` (after the fetch's
         :meth:`submit`): a call marked beside it would be counted lost, and its crash not told from its own."""
-        with self._cond:
+        with self._lock:
             if (
                 self._stopping or self._hung or self._rotation or self._ahead or self._fetches_marking
-                or not self._lanes or any(lane.work is not None for lane in self._lanes)
+                or any(self._parked.values()) or not self._lanes
+                or any(lane.work is not None for lane in self._lanes)
             ):
                 return 0
             self._fetches_marking += 1
@@ -377,65 +523,87 @@ class Lanes:
     def first_runs(self) -> tuple[tuple[str, int], ...]:
         """The calls a run of each message name timed so far would have (one for the others): what a fetch marking
         runs itself marks, as a lane would."""
-        timed = list(self._call_seconds.items())  # one step: lanes add names as they time their first calls
+        timed = list(self._call_seconds.items())
         return tuple((name, run_length(seconds, self._mark_seconds, MAX_RUN)) for name, seconds in timed)
 
     def unreserve(self) -> None:
         """A fetch that was to mark calls (:meth:`reserve`) is over: its marked calls, if any, are ahead."""
-        with self._cond:
+        with self._lock:
             self._fetches_marking -= 1
             if self._alone_waiting:
-                self._cond.notify_all()
+                self._notify_gate()
 
     def drop_slot(self, slot: int) -> list[HintWork]:
         """Take a slot's hints out of the rotation (its lease is gone); returns them."""
-        with self._cond:
+        with self._lock:
             dropped = [work for work in self._rotation if work.slot == slot]
             if dropped:
                 self._rotation = deque(work for work in self._rotation if work.slot != slot)
+            for key, parked in self._parked.items():
+                gone = [work for work in parked if work.slot == slot]
+                if gone:
+                    self._parked[key] = deque(work for work in parked if work.slot != slot)
+                    for work in gone:
+                        work.running = False
+                    dropped += gone
             dropped += self._let_go_ahead(lambda work: work.slot == slot, withdraw=True)
         return dropped
 
     def waiting(self) -> int:
-        """Hints waiting in the rotation for a lane (their next runs marked ahead or not)."""
-        with self._cond:
-            return len(self._rotation) + len(self._ahead)
+        """Hints waiting for a lane (in the rotation, their next runs marked ahead, or parked for their target)."""
+        with self._lock:
+            return len(self._rotation) + len(self._ahead) + sum(len(parked) for parked in self._parked.values())
 
     def busy_lanes(self) -> int:
         """Lanes making a call now (calls given up on not counted)."""
-        with self._cond:
+        with self._lock:
             return self._running_calls()
 
     def hung(self) -> int:
         """Calls given up on after their handler timeout that have not returned yet."""
-        with self._cond:
+        with self._lock:
             return self._hung
 
     def exhausted(self) -> bool:
         """True when stuck calls hold every lane the replica may have: it takes no more work."""
-        with self._cond:
+        with self._lock:
             return self._hung >= self.concurrency
 
     def idle(self) -> bool:
         """No hint waiting and no call running (calls given up on aside)."""
-        with self._cond:
-            return not self._rotation and not self._ahead and not any(
+        with self._lock:
+            return not self._rotation and not self._ahead and not any(self._parked.values()) and not any(
                 lane.work is not None and not lane.abandoned for lane in self._lanes
             )
 
     def slots_in_use(self) -> set[int]:
         """Slots with a call running (given up on or not): their leases must not be handed to anyone else."""
-        with self._cond:
+        with self._lock:
             return {lane.current.slot for lane in self._lanes if lane.current is not None}
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The network targets' states now: destination, circuit, concurrency limit, calls in flight, and why
+        and until when an open circuit stays open (seconds)."""
+        now = self._monotonic()
+        with self._lock:
+            return [
+                {
+                    "target": self._shown[key], "circuit": str(target.circuit), "limit": target.allowed(),
+                    "in_flight": target.in_flight, "reason": target.reason,
+                    "probe_in": round(target.retry_in(now), 3) if target.circuit is not Circuit.CLOSED else None,
+                    "parked": len(self._parked.get(key, ())),
+                }
+                for key, target in self._targets.items()
+            ]
 
     # -- a lane -------------------------------------------------------------------------------------------
 
-    def _take(self, lane: _Lane) -> HintWork | _Ahead | None:
+    async def _take(self, lane: _Lane) -> HintWork | _Ahead | None:
         """The next hint for this lane: a run marked ahead first (unless a message is being called alone),
         else the front of the rotation; None when the lane is to end."""
         taken: HintWork | _Ahead
-        with self._cond:
-            while True:
+        while True:
+            with self._lock:
                 if self._stopping or lane.abandoned:
                     return None
                 # Stuck calls hold every lane the replica may have: take no more work (health says so).
@@ -449,41 +617,50 @@ class Lanes:
                         taken = lane.work = self._rotation.popleft()
                         taken.running = True
                         break
-                self._work_ready.wait(0.5)
+            await self._wait(self._work_waiters)
         self._on_taken()
         return taken
 
-    def _serve_forever(self, lane: _Lane) -> None:
+    async def _serve_forever(self, lane: _Lane) -> None:
         while True:
-            taken = self._take(lane)
+            taken = await self._take(lane)
             if taken is None:
                 return
             work = taken.work if isinstance(taken, _Ahead) else taken
+            parked = False
             try:
                 if isinstance(taken, _Ahead):
-                    self._serve_ahead(lane, taken)
+                    await self._serve_ahead(lane, taken)
                 else:
-                    self._serve(lane, work)
+                    parked = await self._serve(lane, work)
             except Exception:  # a bug here must not take a lane away; the hint is let go
                 logger.exception("lane %s failed while calling hint %r", lane.number, work.hint)
-                work.pending.clear()
-            with self._cond:
-                work.running = False
+                with self._lock:
+                    work.pending.clear()
+                    if not lane.abandoned:
+                        lane.current = None
+                        lane.admitted = False
+                    self._hand_over_locked(lane, work)
+            with self._lock:
                 lane.work = None
                 lane.run = []
-                if lane.timed_out:  # the watchdog gave up on this thread's call: it has returned now
+                if lane.timed_out:  # the watchdog gave up on this lane's call: it has returned now
                     self._hung -= 1
                     self.metrics.hung_calls.set(self._hung)
                     work.hung = False
-                    self._work_ready.notify_all()  # lanes that stopped taking work while every lane was stuck
+                    self._notify_work(len(self._lanes))  # lanes that stopped taking work while all were stuck
                 if lane.abandoned:
                     self._lanes.remove(lane)
-                requeue = bool(work.pending) and not work.stopped and not self._stopping
-                if requeue:
-                    self._rotation.append(work)
-                    self._work_ready.notify()
+                if parked:  # with its target's queue: still busy, a lane takes it when a call there ends
+                    requeue = False
+                else:
+                    work.running = False
+                    requeue = bool(work.pending) and not work.stopped and not self._stopping
+                    if requeue:
+                        self._rotation.append(work)
+                        self._notify_work(1)
                 abandoned = lane.abandoned
-            if not requeue:
+            if not requeue and not parked:
                 self.settle(work)
             if abandoned:
                 return
@@ -500,8 +677,18 @@ class Lanes:
             timeout = self._timeouts[name] = self._policy(name).handler_timeout.total_seconds()
         return timeout
 
+    def _destination(self, name: str) -> Destination | None:
+        """The network destination a message name's route sends to (None: a Python correlator, or no route)."""
+        if name in self._destinations:
+            return self._destinations[name]
+        destination = getattr(self.router.route(name), "destination", None)
+        found = destination if isinstance(destination, Destination) else None
+        self._destinations[name] = found
+        return found
+
     def _run_of(self, work: HintWork) -> list[Message]:
-        """The next calls of a hint under one mark: alone when it was lost before, else by call speed."""
+        """The next calls of a hint under one mark: alone when it was lost before, else by call speed; all to one
+        destination."""
         now = self.clock.now()
         while work.pending and work.pending[0].is_expired(now):  # expired: never correlated, left to cleanup
             work.pending.popleft()
@@ -512,174 +699,216 @@ class Lanes:
             count = 1
         else:
             count = run_length(self._call_seconds.get(head.name), self._mark_seconds, len(work.pending))
+        destination = self._destination(head.name)
         run: list[Message] = []
         while work.pending and len(run) < count and not (run and work.pending[0].redelivered):
+            if run and self._destination(work.pending[0].name) is not destination:
+                break
             run.append(work.pending.popleft())
         return run
 
-    def _serve(self, lane: _Lane, work: HintWork) -> None:
+    async def _serve(self, lane: _Lane, work: HintWork) -> bool:
+        """A hint's next run; True when the hint waits, parked, for a call to its target to end."""
         run = self._run_of(work)
         if not run:
-            return
+            return False
         wants_alone = run[0].redelivered
-        alone = self._admit(lane, wants_alone)
+        alone = await self._admit(lane, wants_alone)
         if alone is None:  # stopping, or stepping aside for runs marked ahead: the hint goes back to the rotation
             work.pending.extendleft(reversed(run))
-            return
+            return False
         lane.handed = None
         try:
-            self._serve_run(lane, work, run, alone)
+            parked = await self._serve_run(lane, work, run, alone)
             if wants_alone:
-                self._await_handled(lane)
+                await self._await_handled(lane)
+            return parked
         finally:
             self._leave(lane)
 
-    def _serve_ahead(self, lane: _Lane, ahead: _Ahead) -> None:
+    async def _serve_ahead(self, lane: _Lane, ahead: _Ahead) -> None:
         """A run marked ahead: its lane is past the gate already."""
         try:
-            self._run_marked(lane, ahead.work, ahead.run, ahead.ticket)
+            target = ahead.target
+            destination = self._destination(ahead.run[0].name)
+            if target is None and destination is not None:  # the fetch marked it: its target is asked now
+                verdict = self._target_admits(destination, ahead.work)
+                if verdict is None:
+                    self._hand_over_marked_back(lane, ahead)
+                    return
+                target = verdict
+            await self._run_marked(lane, ahead.work, ahead.run, ahead.ticket, target)
         finally:
             self._leave(lane)
 
-    def _await_handled(self, lane: _Lane) -> None:
+    def _hand_over_marked_back(self, lane: _Lane, ahead: _Ahead) -> None:
+        """A run marked ahead whose target will not take it now: its marks are taken back (the hint rests)."""
+        lane.unmark.extend(ahead.run)
+        self._hand_over(lane, ahead.work)
+
+    async def _await_handled(self, lane: _Lane) -> None:
         """Hold the gate until a lone run's outcomes are handled by a flush (written, or deferred with the call
         marked returned): if a call after it killed the process before then, its mark would still say alone and
         under way, and the crash would be blamed on it. A row lock of another session does not hold the gate."""
         handed = lane.handed
         if handed is None:
             return
-        while not handed.handled.wait(0.05):
+        while not await self._latched(handed.handled, WAIT_LOOK):
             if lane.abandoned or self._stopping:
                 return
 
-    def _admit(self, lane: _Lane, wants_alone: bool) -> bool | None:
+    async def _admit(self, lane: _Lane, wants_alone: bool) -> bool | None:
         """Wait at the gate: a lane calling a message alone runs with no other lane admitted.
 
         Returns whether the run is alone in the replica (a call given up on after its timeout may still be
         running: then nothing is alone), or None when the replica stops meanwhile or the lane steps aside.
 
-        Runs marked ahead (a fetch's, handed over while lanes waited here) are past the gate, and a lone call
-        waits for them to end: a lane waiting here steps aside to make them, else the gate could wait for them for
-        ever. A lane waiting for the others steps aside at once; one of those waiting to call alone, only when
-        every lane does (one is enough, and the others keep their turn).
+        Runs marked ahead are past the gate, and a lone call waits for them to end: a lane waiting here steps
+        aside to make them, else the gate could wait for them for ever. A lane waiting for the others steps aside
+        at once; one of those waiting to call alone, only when every lane does.
         """
-        with self._cond:
-            if wants_alone:
+        if wants_alone:
+            with self._lock:
                 self._alone_waiting += 1
-                aside = False
-                try:
-                    while not self._stopping and (self._alone is not None or self._in_runs()):
+            aside = False
+            try:
+                while True:
+                    with self._lock:
+                        if self._stopping or not (self._alone is not None or self._in_runs()):
+                            break
                         if self._ahead and self._alone is None and self._alone_waiting >= self._live_lanes():
                             aside = True
                             break
-                        self._cond.wait(0.5)
-                finally:
+                    await self._wait(self._gate_waiters)
+            finally:
+                with self._lock:
                     self._alone_waiting -= 1
+            with self._lock:
                 if self._stopping or aside:  # the lanes it held at the gate go on
-                    self._cond.notify_all()
+                    self._notify_gate()
                     return None
                 self._alone = lane
-            else:
-                while not self._stopping and (self._alone is not None or self._alone_waiting):
-                    if self._ahead and self._alone is None:
-                        return None
-                    self._cond.wait(0.5)
+                lane.admitted = True
+                return self._hung == 0
+        while True:
+            with self._lock:
                 if self._stopping:
                     return None
-            lane.admitted = True
-            return wants_alone and self._hung == 0
+                if self._alone is None and not self._alone_waiting:
+                    lane.admitted = True
+                    return False
+                if self._ahead and self._alone is None:
+                    return None
+            await self._wait(self._gate_waiters)
 
     def _live_lanes(self) -> int:
         """Under the lock: the lanes that may take work (not given up on)."""
         return sum(1 for lane in self._lanes if not lane.abandoned)
 
     def _leave(self, lane: _Lane) -> None:
-        with self._cond:
+        with self._lock:
             lane.admitted = False
             was_alone = self._alone is lane
             if was_alone:
                 self._alone = None
             # Who waits for a lane to leave: the gate (for a lane alone, or for every lane to leave) and a stop.
-            # Every run ends here: waking all the lanes each time cost more than the calls of a fast correlator.
             if was_alone or self._alone_waiting or self._stopping:
-                self._cond.notify_all()
+                self._notify_gate()
             if was_alone and self._ahead:  # runs marked ahead wait for the gate to open
-                self._work_ready.notify(len(self._ahead))
+                self._notify_work(len(self._ahead))
 
-    def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> None:
+    async def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> bool:
+        """Mark a run and make it; True when its target had no room for it now (the hint is parked)."""
         if not self._lease_lasts(work, run[0]):
             self._give_back(work, "its slot's lease may end before the call could")
-            return
+            return False
         if self._held_back(run[0]):
             self._give_back(work, "a durable pause holds it back", again=True)
-            return
-        self._run_marked(lane, work, run, self.committer.mark_now(work.slot, work.fence, [m.id for m in run], alone))
-
-    def _marks_written(self, ticket: MarkTicket) -> bool:
-        """Wait for a ticket's answer unless the replica stops (looked at every MARK_WAIT_LOOK seconds); whether
-        it came."""
-        while True:
-            ticket.wait(MARK_WAIT_LOOK)
-            if ticket.done.is_set():
-                return True
-            if self._stopping:
+            return False
+        destination = self._destination(run[0].name)
+        target = None
+        if destination is not None:
+            target = self._target_admits(destination, work)
+            if target is None:
+                if work.rest is None:  # no room: parked, in order, for a call there to end
+                    work.pending.extendleft(reversed(run))
+                    with self._lock:
+                        self._parked.setdefault(destination.key, deque()).append(work)
+                    return True
+                work.pending.extendleft(reversed(run))
+                self._give_back(work, "its target's circuit is open")
                 return False
+        ticket = self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone)
+        await self._run_marked(lane, work, run, ticket, target)
+        return False
+
+    async def _marks_written(self, ticket: MarkTicket) -> bool:
+        """Wait for a ticket's answer; False (the ticket withdrawn) when the replica stops first."""
+        while not await self._latched(ticket.done, WAIT_LOOK):
+            if self._stopping:
+                self.committer.withdraw(ticket)
+                return False
+        return True
 
     def _lease_lasts(self, work: HintWork, message: Message) -> bool:
         """The term the hint was fetched under still runs, long enough for this call."""
         return self.leases.safe_for(work.slot, work.fence) > self._timeout(message.name)
 
-    def _run_marked(self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket) -> None:
+    async def _run_marked(
+        self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket, target: TargetState | None
+    ) -> None:
         """Make a run's calls once its marks are written (asked for by this lane, or ahead by another).
 
         The wait ends with the answer (which the database's timeouts bound), or at once when the replica stops:
-        the ticket is then withdrawn (its marks taken back once written, before the committer stops), so marks
-        held up in the database do not hold the stop's wait for runs in flight for its whole grace. (Not at the
-        end of the term's safe time: the hint would be free again while its late marks were still to be taken
-        back, and a fetch under the same term renewed could mark its calls again, only for the late take-back
-        to remove those marks.)"""
-        if not self._marks_written(ticket):
-            self.committer.withdraw(ticket)
-            self._give_back(work, "the replica stops while its calls' marks are written")
-            return
-        if ticket.remaining is None:  # term over, stopping, or the database not writable now
-            if ticket.unsure:  # the marks may be written all the same: taken back before the hint is free
-                lane.unmark.extend(run)  # (a call row of this term no one makes would be counted lost later)
-                self._hand_over(lane, work)
-            self._give_back(work, "its calls could not be marked" if ticket.unsure else "its slot's lease is gone")
-            return
-        if not ticket.by_fetch:  # a fetch's mark costs its fetch nearly nothing: it says nothing of a mark's time
-            self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
-        marked = ticket.marked
-        count = next((index for index, message in enumerate(run) if message.id not in marked), len(run))
-        if count < len(run):  # in flight elsewhere, paused or deleted since the fetch: the hint waits there
-            lane.unmark.extend(message for message in run[count:] if message.id in marked)
-            run = run[:count]
-            self._give_back(work, "a message of it was not marked (in flight elsewhere, paused or deleted)",
-                            again=True)
+        the ticket is then withdrawn (its marks taken back once written, before the committer stops)."""
         try:
-            if not run:
+            if not await self._marks_written(ticket):
+                self._give_back(work, "the replica stops while its calls' marks are written")
                 return
-            if not self._lease_lasts(work, run[0]):  # a run marked ahead waited for a lane meanwhile
-                lane.unmark.extend(run)
-                self._give_back(work, "its slot's lease may end before the call could")
+            if ticket.remaining is None:  # term over, stopping, or the database not writable now
+                if ticket.unsure:  # the marks may be written all the same: taken back before the hint is free
+                    lane.unmark.extend(run)  # (a call row of this term no one makes would be counted lost later)
+                    self._hand_over(lane, work)
+                self._give_back(work, "its calls could not be marked" if ticket.unsure else "its slot's lease is gone")
                 return
-            if not work.started:
-                work.started = self._monotonic()
-            self._mark_next()
-            self._calls(lane, work, run)
+            if not ticket.by_fetch:  # a fetch's mark costs its fetch nearly nothing: it says nothing of a mark's time
+                self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
+            marked = ticket.marked
+            count = next((index for index, message in enumerate(run) if message.id not in marked), len(run))
+            if count < len(run):  # in flight elsewhere, paused or deleted since the fetch: the hint waits there
+                lane.unmark.extend(message for message in run[count:] if message.id in marked)
+                run = run[:count]
+                self._give_back(work, "a message of it was not marked (in flight elsewhere, paused or deleted)",
+                                again=True)
+            try:
+                if not run:
+                    return
+                if not self._lease_lasts(work, run[0]):  # a run marked ahead waited for a lane meanwhile
+                    lane.unmark.extend(run)
+                    self._give_back(work, "its slot's lease may end before the call could")
+                    return
+                if not work.started:
+                    work.started = self._monotonic()
+                self._mark_next()
+                if target is None:
+                    await asyncio.wrap_future(self._threads.submit(lambda: self._calls_in_thread(lane, work, run)))
+                else:
+                    await self._calls_on_loop(lane, work, run, target)
+            finally:
+                self._hand_over(lane, work)
         finally:
-            self._hand_over(lane, work)
+            if target is not None:
+                self._release(target)
 
     def _mark_next(self) -> None:
         """While this lane calls, have the next runs of the rotation's front marked (:data:`AHEAD_PER_RUN`, up to
         one per lane in all), for whichever lanes are free first: with every lane calling, no lane then waits for
-        a mark between two runs.
+        a mark between two runs. A run to a network target is marked ahead only with its target's room taken.
 
         Not beside a message called alone (the gate is shut, or waits for the marked runs to end), and never
         for a message to be called alone (it waits at the gate).
         """
-        with self._cond:
+        with self._lock:
             for _ in range(AHEAD_PER_RUN):
                 if (
                     self._stopping or self._alone is not None or self._alone_waiting or not self._rotation
@@ -689,19 +918,34 @@ class Lanes:
                 work = self._rotation[0]
                 if not work.pending or work.pending[0].redelivered:
                     return
+                destination = self._destination(work.pending[0].name)
+                target = None
+                if destination is not None:
+                    target = self._targets[destination.key]
+                    if target.admit(self._monotonic()) != "call":
+                        if target.probing and target.in_flight:  # a probe it just let out: not this one's
+                            self._release(target)
+                        return  # the lane that takes the hint asks again (and parks it, or lets it rest)
                 self._rotation.popleft()
                 run = self._run_of(work)
                 if not run or run[0].redelivered:  # all expired (a lane lets it go), or for the gate after all
+                    if target is not None:
+                        self._release(target)
                     work.pending.extendleft(reversed(run))
                     self._rotation.appendleft(work)
                     return
                 work.running = True
                 ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
-                self._ahead.append(_Ahead(work, run, ticket))
-                self._work_ready.notify()
+                self._ahead.append(_Ahead(work, run, ticket, target))
+                self._notify_work(1)
 
-    def _calls(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
-        """Make a run's calls in order; their outcomes collect on the lane until the run ends."""
+    # -- the calls of a run -----------------------------------------------------------------------------------
+
+    def _calls(self, lane: _Lane, work: HintWork, run: list[Message], on_loop: bool
+               ) -> Generator[tuple[Message, Correlator | None], CallResult, None]:
+        """A run's calls in order, one step of each: yields the message to call (and its route), is sent what the
+        call came to, and records it; the outcomes collect on the lane until the run ends. Driven by the run's
+        thread (:meth:`_calls_in_thread`) or by its lane on the loop (:meth:`_calls_on_loop`)."""
         lane.run = run
         durations: list[float] = []
         try:
@@ -724,8 +968,10 @@ class Lanes:
                     lane.unmark.extend(run[index:])
                     self._give_back(work, "its slot's lease may end before the call could")
                     return
-                lane.deadline = started + timeout  # before current: the watchdog reads current first
-                lane.current = message
+                with self._lock:
+                    # A network call ends itself at its timeout; the watchdog looks after the threads' calls.
+                    lane.deadline = float("inf") if on_loop else started + timeout
+                    lane.current = message
                 if message.redelivered:
                     self.metrics.redeliveries.inc()
                     logger.info(
@@ -733,25 +979,24 @@ class Lanes:
                         message.lost_calls, extra=_fields(message),
                     )
                 with self.tracing.call(message) if self.tracing else _NO_SPAN as span:
-                    correlator = self.router.route(message.name)
-                    status = None
-                    if isinstance(correlator, TransactionalCorrelator):
-                        error, result, status = self._call_in_transaction(lane, work, message, correlator)
-                        if status in ("fenced", "busy", "gone"):
-                            if span is not None:
-                                span.outcome("not_called", None)
-                            with self._cond:
-                                lane.current = None
-                            if status == "gone":  # deleted or recorded meanwhile: its mark is out, go on
-                                continue
-                            lane.unmark.extend(run[index + 1 :] if status == "fenced" else run[index:])
-                            self._give_back(
-                                work, "its slot's term ended" if status == "fenced" else "its row is held elsewhere",
-                                again=status == "busy",
-                            )
+                    error, result, status = yield message, self.router.route(message.name)
+                    if status in ("fenced", "busy", "gone", "held"):
+                        if span is not None:
+                            span.outcome("not_called" if status != "held" else "held", error)
+                        with self._lock:
+                            lane.current = None
+                        if status == "gone":  # deleted or recorded meanwhile: its mark is out, go on
+                            continue
+                        if status == "held":  # the target's refusal: no attempt, the hint rests (work.rest)
+                            lane.unmark.extend(run[index:])
+                            self._give_back(work, "its target refused the call")
                             return
-                    else:
-                        error, result = self._call(message, correlator)
+                        lane.unmark.extend(run[index + 1 :] if status == "fenced" else run[index:])
+                        self._give_back(
+                            work, "its slot's term ended" if status == "fenced" else "its row is held elsewhere",
+                            again=status == "busy",
+                        )
+                        return
                     elapsed = self._monotonic() - started
                     disposition = (
                         succeeded(message.id, message.attempt, result)
@@ -767,7 +1012,7 @@ class Lanes:
                             HandlerTimeout("the call outlasted its handler timeout") if timed_out else error,
                         )
                     # The outcome's log line is written inside the span: it carries the span's ids.
-                    with self._cond:
+                    with self._lock:
                         if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
                             return
                         lane.current = None
@@ -792,9 +1037,198 @@ class Lanes:
             if durations:
                 self._observe(run[0].name, durations)
 
+    def _calls_in_thread(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
+        """A Python correlator's run, on its thread."""
+        steps = self._calls(lane, work, run, on_loop=False)
+        try:
+            message, correlator = next(steps)
+            while True:
+                if isinstance(correlator, TransactionalCorrelator):
+                    outcome = self._call_in_transaction(lane, work, message, correlator)
+                else:
+                    error, result = self._call(message, correlator)
+                    outcome = (error, result, None)
+                message, correlator = steps.send(outcome)
+        except StopIteration:
+            pass
+        finally:
+            steps.close()
+
+    async def _calls_on_loop(self, lane: _Lane, work: HintWork, run: list[Message], target: TargetState) -> None:
+        """A network target's run, on the loop: each call awaited, cancelled at its handler timeout."""
+        steps = self._calls(lane, work, run, on_loop=True)
+        try:
+            message, correlator = next(steps)
+            while True:
+                outcome = await self._call_network(work, message, correlator, target)
+                message, correlator = steps.send(outcome)
+        except StopIteration:
+            pass
+        finally:
+            steps.close()
+
+    async def _call_network(
+        self, work: HintWork, message: Message, correlator: Correlator | None, target: TargetState
+    ) -> CallResult:
+        """One call to a network target, and what its answer says of the target: a refusal that is the target's
+        is ``held`` (the hint rests until its Retry-After, or until the circuit may be tried again)."""
+        destination = self._destination(message.name)
+        call = getattr(correlator, "call", None)
+        if destination is None or call is None:  # its route changed kind meanwhile: called as a plain function
+            error, result = self._call(message, correlator)
+            return error, result, None
+        if target.circuit is Circuit.OPEN:  # an earlier call of this run opened it: none goes there now
+            work.rest = (destination.key, target.retry_in(self._monotonic()))
+            self.metrics.target_held.labels(destination.shown, "open").inc()
+            return None, None, "held"
+        timeout = self._timeout(message.name)
+        try:
+            async with asyncio.timeout(timeout):
+                returned = await call(message)
+        except TimeoutError:
+            error, returned = HandlerTimeout(
+                f"the correlator did not return within {format_duration(timedelta(seconds=timeout))}"
+            ), None
+        except asyncio.CancelledError:
+            raise
+        except BaseException as failure:  # any outcome, never a crash
+            error, returned = failure, None
+        else:
+            error = interpret_return(returned)
+        answer = answer_of(error)
+        now = self._monotonic()
+        self.metrics.target_answers.labels(destination.shown, str(answer)).inc()
+        with self._lock:
+            transition = target.answered(answer, message.id, now, first_line(error) if error else "")
+            self.metrics.target_limit.labels(destination.shown).set(target.allowed())
+        if transition is not None:
+            self._transition(destination, target, transition)
+        if answer in (Answer.UNAVAILABLE, Answer.BUSY):
+            assert isinstance(error, TargetUnavailable)
+            rest = self._rest_for(error, target, message, now)
+            work.rest = (destination.key, rest)
+            self.metrics.target_held.labels(destination.shown, str(answer)).inc()
+            logger.debug("message %s held for %.1fs: %s", message.id, rest, first_line(error), extra=_fields(message))
+            return error, None, "held"
+        return error, (result_of(returned) if error is None else None), None
+
+    def _rest_for(self, error: TargetUnavailable, target: TargetState, message: Message, now: float) -> float:
+        """How long a hint whose call the target refused rests: its Retry-After (no longer than the backoff's
+        cap), else until the circuit may be tried, else the first probe's interval."""
+        after = error.after
+        if isinstance(after, timedelta):
+            after = after.total_seconds()
+        if isinstance(after, int | float) and after >= 0:
+            return float(min(after, self._policy(message.name).backoff_cap.total_seconds()))
+        return max(target.retry_in(now), target.config.probe_first)
+
+    def _target_admits(self, destination: Destination, work: HintWork) -> TargetState | None:
+        """Ask a destination for room for one run: its state (a call counted in flight) when it has room; else
+        None, with ``work.rest`` set when its circuit is open (the hint rests) and unset when it is only full."""
+        target = self._targets[destination.key]
+        with self._lock:
+            verdict = target.admit(self._monotonic())
+            if verdict in ("call", "probe"):
+                if verdict == "probe":
+                    self._transition(destination, target, Transition(Circuit.OPEN, Circuit.HALF_OPEN, target.reason))
+                return target
+            if verdict == "open":
+                work.rest = (destination.key, target.retry_in(self._monotonic()))
+                self.metrics.target_held.labels(destination.shown, "open").inc()
+        return None
+
+    def _release(self, target: TargetState) -> None:
+        """A run's call slot at its target is free: a hint parked for it goes to the front of the rotation."""
+        with self._lock:
+            target.release()
+            key = next(key for key, state in self._targets.items() if state is target)
+            self._unpark(key, 1)
+
+    def _unpark(self, key: str, count: int) -> None:
+        """Under the lock: up to ``count`` hints parked for this destination back to the rotation's front."""
+        parked = self._parked.get(key)
+        moved = 0
+        while parked and moved < count:
+            work = parked.popleft()
+            work.running = False
+            self._rotation.appendleft(work)
+            moved += 1
+        if moved:
+            self._notify_work(moved)
+
+    def _transition(self, destination: Destination, target: TargetState, transition: Transition) -> None:
+        """A circuit changed: its one log line, its metrics; closed, its hints go again."""
+        shown = destination.shown
+        self.metrics.target_transitions.labels(shown, str(transition.after)).inc()
+        self.metrics.target_open.labels(shown).set(0 if transition.after is Circuit.CLOSED else 1)
+        if transition.after is Circuit.OPEN and transition.before is Circuit.CLOSED:
+            logger.warning(
+                "target %s is unavailable (%s): no calls go there, its messages wait without being charged; a probe "
+                "in %.1fs", shown, transition.reason, target.retry_in(self._monotonic()),
+                extra={"target": shown, "circuit": "open"},
+            )
+        elif transition.after is Circuit.CLOSED:
+            logger.info(
+                "target %s answers again: its messages go on", shown, extra={"target": shown, "circuit": "closed"}
+            )
+            with self._lock:
+                self._unpark(destination.key, len(self._parked.get(destination.key, ())))
+            self._on_target_ready(destination.key)
+        else:
+            logger.debug("target %s: %s -> %s (%s)", shown, transition.before, transition.after, transition.reason)
+
+    def _call(self, message: Message, correlator: Correlator | None) -> tuple[BaseException | None, str | None]:
+        """One correlator call (``correlator``: its route): its outcome (None for success) and, on success, the
+        target's answer."""
+        if correlator is None:
+            return PermanentError(
+                f"no correlator route for message name {message.name!r}: add it to CORRELATION_CORRELATORS "
+                'or configure a "*" fallback'
+            ), None
+        try:
+            returned = correlator(message)
+        except BaseException as error:  # any handler exception (even SystemExit) is an outcome, never a crash
+            return error, None
+        outcome = interpret_return(returned)
+        return outcome, (result_of(returned) if outcome is None else None)
+
+    def _call_in_transaction(
+        self, lane: _Lane, work: HintWork, message: Message, correlator: TransactionalCorrelator
+    ) -> CallResult:
+        """A transactional correlator's call, inside the transaction that records its success (see
+        :meth:`~worker.db.calls.CallStatements.calls_transact`): the error (None for success), the target's
+        answer, and what became of the transaction."""
+        failure: list[BaseException | None] = [None]
+        answer: list[str | None] = [None]
+
+        def disposition(connection: object) -> Disposition | None:
+            try:
+                returned = correlator.function(message, connection)
+            except BaseException as error:  # any handler exception is an outcome, never a crash
+                failure[0] = error
+                return None
+            outcome = interpret_return(returned)
+            if outcome is not None:
+                failure[0] = outcome
+                return None
+            answer[0] = result_of(returned)
+            return Disposition(message.id, Kind.DELETE, message.attempt, result=answer[0])
+
+        def session(pid: int | None) -> None:
+            with self._lock:
+                lane.session = pid
+
+        try:
+            status = self.committer.store.calls_transact(
+                work.slot, work.fence, disposition, message.id, session=session
+            )
+        except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
+            return failure[0] or error, None, "failed"
+        return failure[0], answer[0], status
+
     def _hand_over(self, lane: _Lane, work: HintWork) -> None:
         """Give the committer the outcomes collected on the lane (once per run)."""
-        with self._cond:
+        with self._lock:
             self._hand_over_locked(lane, work)
 
     def _hand_over_locked(self, lane: _Lane, work: HintWork) -> None:
@@ -828,57 +1262,6 @@ class Lanes:
         previous = self._call_seconds.get(name)
         self._call_seconds[name] = typical if previous is None else previous + 0.2 * (typical - previous)
 
-    def _call(self, message: Message, correlator: Correlator | None) -> tuple[BaseException | None, str | None]:
-        """One correlator call (``correlator``: its route): its outcome (None for success) and, on success, the
-        target's answer."""
-        if correlator is None:
-            return PermanentError(
-                f"no correlator route for message name {message.name!r}: add it to CORRELATION_CORRELATORS "
-                'or configure a "*" fallback'
-            ), None
-        try:
-            returned = correlator(message)
-        except BaseException as error:  # any handler exception (even SystemExit) is an outcome, never a crash
-            return error, None
-        # What a returned value means (an outcome, False, an answer, or a value that is refused):
-        # worker.policy.outcomes.
-        outcome = interpret_return(returned)
-        return outcome, (result_of(returned) if outcome is None else None)
-
-    def _call_in_transaction(
-        self, lane: _Lane, work: HintWork, message: Message, correlator: TransactionalCorrelator
-    ) -> tuple[BaseException | None, str | None, str]:
-        """A transactional correlator's call, inside the transaction that records its success (see
-        :meth:`~worker.db.calls.CallStatements.calls_transact`): the error (None for success), the target's
-        answer, and what became of the transaction."""
-        failure: list[BaseException | None] = [None]
-        answer: list[str | None] = [None]
-
-        def disposition(connection: object) -> Disposition | None:
-            try:
-                returned = correlator.function(message, connection)
-            except BaseException as error:  # any handler exception is an outcome, never a crash
-                failure[0] = error
-                return None
-            outcome = interpret_return(returned)
-            if outcome is not None:
-                failure[0] = outcome
-                return None
-            answer[0] = result_of(returned)
-            return Disposition(message.id, Kind.DELETE, message.attempt, result=answer[0])
-
-        def session(pid: int | None) -> None:
-            with self._cond:
-                lane.session = pid
-
-        try:
-            status = self.committer.store.calls_transact(
-                work.slot, work.fence, disposition, message.id, session=session
-            )
-        except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
-            return failure[0] or error, None, "failed"
-        return failure[0], answer[0], status
-
     def _count_recorded(self, message: Message, disposition: Disposition) -> None:
         """Under the lock: an outcome written by its call's own transaction, counted as handed-over ones are."""
         self._tally[disposition.outcome] += 1
@@ -886,19 +1269,19 @@ class Lanes:
 
     def tally(self) -> Counter[str]:
         """Outcomes of calls so far, by outcome."""
-        with self._cond:
+        with self._lock:
             return Counter(self._tally)
 
     def _recorded(self, work: HintWork, ended: Sequence[tuple[Message, str]]) -> None:
-        with self._cond:
+        with self._lock:
             work.unrecorded -= len(ended)
             if self._alone is not None:  # a lone run may wait for its outcomes before it lets others in
-                self._cond.notify_all()
+                self._notify_gate()
         self.settle(work)
 
     def settle(self, work: HintWork) -> None:
         """Report a hint's work as over once nothing of it runs, waits, or waits to be written."""
-        with self._cond:
+        with self._lock:
             if work.finished or work.running or work.unrecorded or work.hung:
                 return
             if work.pending and not work.stopped and not self._stopping:
@@ -908,9 +1291,10 @@ class Lanes:
 
     # -- the watchdog ---------------------------------------------------------------------------------------
 
-    def _watch(self) -> None:
+    async def _watch(self) -> None:
+        assert self._watch_wake is not None
         while True:
-            with self._cond:
+            with self._lock:
                 if self._stopping and not self._running_calls():
                     return
                 now = self._monotonic()
@@ -919,22 +1303,22 @@ class Lanes:
                 for lane in late:
                     self._give_up(lane)
                 let_go, self._let_go = self._let_go, []
-            for work in let_go:  # outside the lock: a hint's work ending reaches the engine
+            for work in let_go:
                 self.settle(work)
-            if self._stopping:
-                time.sleep(WATCH_TICK)
-            else:
-                self._watch_wake.wait(self._watch_tick)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._watch_wake.wait(), WATCH_TICK if self._stopping else self._watch_tick)
 
     def _give_up(self, lane: _Lane) -> None:
-        """Under the lock: a call past its handler timeout is recorded as one; its thread is let go."""
+        """Under the lock, on the loop: a call past its handler timeout is recorded as one; its lane is let go (it
+        ends when its thread's call returns), and a new lane takes its place."""
         message, work = lane.current, lane.work
-        assert message is not None and work is not None
+        if message is None or work is None:
+            return
         lane.abandoned = lane.timed_out = True
         if self._alone is lane:  # the replica goes on without it (nothing is alone while it runs)
             self._alone = None
-        self._cond.notify_all()
-        self._work_ready.notify_all()
+        self._notify_gate()
+        self._notify_work(len(self._lanes))
         self._hung += 1
         work.hung = True
         work.pending.clear()
@@ -977,8 +1361,23 @@ class Lanes:
             self.committer.store.session_end(session)
         except StoreError as error:  # the session ends with its connection anyway; the outcome waits for it
             logger.warning("could not end the session of a call past its timeout: %s", error)
-        with self._cond:
+        with self._lock:
             self._hand_over_locked(lane, work)
+
+
+def answer_of(error: BaseException | None) -> Answer:
+    """What a network call's outcome says of its target (:class:`~worker.policy.targets.Answer`)."""
+    if error is None:
+        return Answer.SUCCESS
+    if isinstance(error, TargetBusy):
+        return Answer.BUSY
+    if isinstance(error, TargetUnavailable):
+        return Answer.UNAVAILABLE
+    if isinstance(error, HandlerTimeout) or (isinstance(error, Retry) and not isinstance(error, AuthProblem)):
+        return Answer.FAILURE
+    if isinstance(error, Reschedule | PermanentError | AuthProblem):
+        return Answer.MESSAGE
+    return Answer.FAILURE
 
 
 def _fields(message: Message) -> dict[str, object]:
@@ -987,13 +1386,11 @@ def _fields(message: Message) -> dict[str, object]:
 
 
 def _log_success(message: Message, disposition: Disposition, seconds: float) -> None:
-    """One line per call that succeeded: at INFO with the target's answer when it gave one (a process instance
-    key, a response body), else at DEBUG (a busy worker correlates thousands a second)."""
-    level = logging.INFO if disposition.result is not None else logging.DEBUG
-    if not logger.isEnabledFor(level):
+    """One line per call that succeeded, at DEBUG (a busy worker correlates thousands a second; the target's
+    answer is kept on the delivery record)."""
+    if not logger.isEnabledFor(logging.DEBUG):
         return
-    logger.log(
-        level,
+    logger.debug(
         "%s id=%s hint=%s: correlated in %.1f ms%s",
         message.name, message.id, message.hint, seconds * 1000,
         "" if disposition.result is None else f": result {disposition.result}",

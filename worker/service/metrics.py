@@ -121,6 +121,35 @@ class Metrics:
             ["message_name"],
             registry=r,
         )
+        # Network targets, labelled by destination (a route's URL or engine address: set by configuration).
+        self.target_open = Gauge(
+            "correlation_target_open",
+            "1 while the circuit of a network target is open or half-open (no call goes there but a probe).",
+            ["target"], registry=r,
+        )
+        self.target_transitions = Counter(
+            "correlation_target_transitions",
+            "Times a network target's circuit changed, by the state it went to (open, half_open, closed).",
+            ["target", "state"], registry=r,
+        )
+        self.target_answers = Counter(
+            "correlation_target_answers",
+            "Answers of network targets by what they said of the target: success, message (the message's own "
+            "failure), failure (a timeout or 5xx, charged), unavailable (refused, reset, 502/503/504: not charged), "
+            "busy (429, RESOURCE_EXHAUSTED: not charged).",
+            ["target", "answer"], registry=r,
+        )
+        self.target_held = Counter(
+            "correlation_target_held",
+            "Calls held back because of their target, no attempt charged: open (its circuit is open), busy or "
+            "unavailable (it refused the call; the message is due again at its Retry-After).",
+            ["target", "reason"], registry=r,
+        )
+        self.target_limit = Gauge(
+            "correlation_target_concurrency_limit",
+            "Calls a network target may have in flight from this replica now (lowered by back-pressure).",
+            ["target"], registry=r,
+        )
         self.batch_duration = Histogram(
             "correlation_batch_duration_seconds",
             "Time to correlate one batch (the messages of one hint taken in one page).",

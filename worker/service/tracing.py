@@ -10,8 +10,8 @@ variables (``OTEL_TRACES_EXPORTER`` other than ``none``, or an ``OTEL_EXPORTER_O
 - A W3C ``traceparent`` (and ``tracestate``) in the message's ``headers`` is the producer's context: linked to the
   call span by default, or its parent with ``CORRELATION_TRACING__PRODUCER_CONTEXT=parent``. A message delivered
   again links to the same producer.
-- httpx is instrumented: the http, camunda7 and camunda8 correlators' requests are ``CLIENT`` spans under the call
-  span and carry its ``traceparent`` onward.
+- The aiohttp client is instrumented: the http, camunda7 and camunda8 correlators' requests are ``CLIENT`` spans
+  under the call span and carry its ``traceparent`` onward.
 - A schedule's fire is a ``PRODUCER`` span ``publish <message_name>`` whose context the message carries.
 - Log lines written while a span is current carry ``trace_id`` and ``span_id``.
 """
@@ -78,18 +78,19 @@ class Tracing:
         for exporter in exporters.values():
             provider.add_span_processor(BatchSpanProcessor(exporter))
         tracing = cls(provider, replica=replica, producer_context=producer_context)
-        tracing.instrument_httpx()
+        tracing.instrument_client()
         logger.info("tracing on: spans go to %s", ", ".join(exporters))
         return tracing
 
-    def instrument_httpx(self) -> None:
-        """Client spans for every httpx request, carrying the current context onward (``traceparent``)."""
+    def instrument_client(self) -> None:
+        """Client spans for every request of the network correlators (aiohttp), carrying the current context
+        onward (``traceparent``)."""
         try:
-            from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
         except ImportError:
-            logger.warning("opentelemetry-instrumentation-httpx is missing: engine calls get no client spans")
+            logger.warning("opentelemetry-instrumentation-aiohttp-client is missing: engine calls get no client spans")
             return
-        HTTPXClientInstrumentor().instrument(tracer_provider=self.provider)
+        AioHttpClientInstrumentor().instrument(tracer_provider=self.provider)
 
     def producer(self, message: Message) -> Any:
         """The producer's span context from the message's ``traceparent`` header, or None."""
