@@ -13,6 +13,8 @@ Behaviours, by option (combine them):
 - ``--down``: it starts down; SIGUSR1 takes it down, SIGUSR2 brings it back. Down, every request is answered 503
   (``--down-mode 503``), or the listening socket and every open connection are closed (``--down-mode refuse``:
   connections refused);
+- ``--fail-when TEXT``: a request whose body holds TEXT is answered 500 (a message that breaks the engine's
+  handler, while the others are taken);
 - ``GET /stats`` answers the counts so far as JSON (requests by status, the most served at once).
 
 ::
@@ -30,7 +32,8 @@ import signal
 from collections import Counter
 from typing import Any
 
-REASONS = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 503: "Service Unavailable"}
+REASONS = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
+           503: "Service Unavailable"}
 
 
 class Engine:
@@ -40,6 +43,7 @@ class Engine:
         self.latency = args.latency_ms / 1000
         self.capacity = args.capacity
         self.retry_after = args.retry_after
+        self.fail_when = args.fail_when.encode() if args.fail_when else b""
         self.is_down = args.down
         self.down_mode = args.down_mode
         self.connections: set[Connection] = set()
@@ -84,7 +88,7 @@ class Connection(asyncio.Protocol):
         self.engine = engine
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
-        self.queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, str, bytes] | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -111,9 +115,10 @@ class Connection(asyncio.Protocol):
                     length = int(value.strip())
             if len(self.buffer) < head_end + 4 + length:
                 return
+            body = self.buffer[head_end + 4:head_end + 4 + length]
             self.buffer = self.buffer[head_end + 4 + length:]
             method, path, _ = head.split(" ", 2)
-            self.queue.put_nowait((method, path))
+            self.queue.put_nowait((method, path, body))
 
     async def serve(self) -> None:
         engine = self.engine
@@ -121,9 +126,13 @@ class Connection(asyncio.Protocol):
             request = await self.queue.get()
             if request is None or self.transport is None or self.transport.is_closing():
                 return
-            method, path = request
+            method, path, body = request
             if method == "GET" and path == "/stats":
                 self.transport.write(answer(200, json.dumps(engine.stats()).encode()))
+                continue
+            if engine.fail_when and engine.fail_when in body:
+                engine.statuses[500] += 1
+                self.transport.write(answer(500, b'{"title":"INTERNAL","detail":"this message breaks the handler"}'))
                 continue
             if engine.down() and engine.down_mode == "503":
                 engine.statuses[503] += 1
@@ -196,6 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capacity", type=int, default=0)
     parser.add_argument("--retry-after", type=int, default=1)
     parser.add_argument("--down", action="store_true")
+    parser.add_argument("--fail-when", default="")
     parser.add_argument("--down-mode", choices=("503", "refuse"), default="503")
     return parser.parse_args(argv)
 

@@ -192,6 +192,12 @@ def _status_table(shown: dict[str, Any]) -> str:
     if replicas:
         parts.append(_tabulate(sorted(replicas.items()), headers=["replica", "slots held"],
                               colalign=("left", "right")))
+    if shown["targets"]:
+        parts += ["", "targets:", _tabulate(
+            [(t["target"], t["replica"], t["circuit"], t["since"], t["concurrency_limit"], t["in_flight"],
+              _cell(t["reason"])) for t in shown["targets"]],
+            headers=["target", "replica", "circuit", "since", "limit", "in flight", "why"],
+        )]
     return "\n".join(parts)
 
 
@@ -377,7 +383,8 @@ def send(
 @main.command()
 @_output_option
 def status(output: str | None) -> None:
-    """Messages by state, the oldest eligible message's age, and the slots each replica holds."""
+    """Messages by state, the oldest eligible message's age, the slots each replica holds, and the network
+    targets' circuits."""
     shown = _with_store(admin.status)
     click.echo(_status_table(shown)) if _wants_table(output) else _print_json(shown)
 

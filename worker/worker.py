@@ -6,12 +6,14 @@ endpoint together and owns the process lifecycle (signals, schema check, shutdow
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,6 +30,7 @@ from worker.db.errors import connection_lost
 from worker.db.listener import Listener
 from worker.db.schema import check_revision_known, head_revision
 from worker.db.store import DatabaseUnavailable, SchemaIncomplete, Store, StoreError
+from worker.db.targets import TargetRow
 from worker.engine.cleanup import Cleanup
 from worker.engine.engine import Engine
 from worker.engine.gauges import Gauges
@@ -42,6 +45,11 @@ logger = logging.getLogger(__name__)
 
 # The console's charts show the last day: samples older than that (and an hour) leave.
 SAMPLE_RETENTION = timedelta(hours=25)
+
+# The targets' states: looked at this often, written when one changed, and at least this often (readers show
+# rows younger than worker.db.targets.FRESH).
+TARGETS_LOOK = timedelta(seconds=1)
+TARGETS_REFRESH = timedelta(seconds=30)
 
 STARTUP_RETRY = 2.0  # seconds between attempts to reach the database at startup
 HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while they wait
@@ -115,6 +123,8 @@ class Worker:
             add_trace_ids(text=settings.log.format == "text")
         self.router = Router.from_settings(settings.correlators)
         self.heartbeat = Heartbeat()
+        self._targets_shown: list[tuple[str, str, str, int]] | None = None  # the targets' states last written
+        self._targets_written = 0.0
         self.stopping = threading.Event()
         # SQLite: the file this replica opened, by identity; deleted or replaced under it, the replica exits.
         self.sqlite_path = sqlite_file(settings.database.url)
@@ -347,6 +357,11 @@ class Worker:
                 daemon=True,
             ),
         ]
+        if self.router.destinations():  # network routes: their states where status and the console read them
+            background.append(threading.Thread(
+                target=self._every, args=("targets", timedelta(0), TARGETS_LOOK, self._targets),
+                name="targets", daemon=True,
+            ))
         if self.listener is not None:
             background.append(threading.Thread(target=self.listener.run, name="listener", daemon=True))
         if self.settings.scheduler.enabled:
@@ -372,6 +387,9 @@ class Worker:
             self.leases_done.set()
             released = self.leaser.release_all()
             logger.info("released %d slot leases", released)
+            if self.router.destinations():
+                with contextlib.suppress(StoreError):  # else they age out
+                    self.store.targets_record(self.replica_id, [])
             if self.listener is not None:
                 self.listener.stop()
             for thread in background:
@@ -432,6 +450,20 @@ class Worker:
             event.wait(step)
             remaining -= step
             alive()
+
+    def _targets(self) -> None:
+        """Write the targets' states when one changed, and every TARGETS_REFRESH besides (their rows' age)."""
+        rows = [
+            TargetRow(self.replica_id, state["target"], state["circuit"], state["reason"], state["limit"],
+                      state["in_flight"])
+            for state in self.engine.lanes.targets()
+        ]
+        shown = [(row.target, row.circuit, row.reason, row.concurrency_limit) for row in rows]
+        now = time.monotonic()
+        if shown == self._targets_shown and now - self._targets_written < TARGETS_REFRESH.total_seconds():
+            return
+        self.store.targets_record(self.replica_id, rows)
+        self._targets_shown, self._targets_written = shown, now
 
     def _gauges(self) -> None:
         census = None

@@ -510,3 +510,26 @@ def test_a_delivered_message_is_answered_from_its_record_by_id_and_message_id_an
     assert [item["id"] for item in get(client, "/api/v1/messages", state="delivered")["items"]] == [delivered]
     assert [item["id"] for item in get(client, "/api/v1/messages")["items"]] == [live]
     assert get(client, "/api/v1/status")["messages"] == {"ready": 1, "waiting": 0, "paused": 0, "dead": 0, "expired": 0}
+
+
+def test_status_and_the_overview_show_each_replicas_targets_fresh_ones_only(client: TestClient, store: Store) -> None:
+    from worker.db.targets import TargetRow
+
+    store.targets_record("replica-1", [
+        TargetRow("replica-1", "http://engine:8080/correlate", "open", "POST … answered 503", 1, 0),
+        TargetRow("replica-1", "http://other:8080/hook", "closed", "", 32, 3),
+    ])
+    store.targets_record("replica-2", [TargetRow("replica-2", "http://engine:8080/correlate", "closed", "", 16, 1)])
+    with store.engine.begin() as connection:  # a replica that died long ago: its rows are not shown
+        connection.execute(text("INSERT INTO correlation_target VALUES ('gone', 'http://x/', 'open', 'old', 1, 0, "
+                                "now() - interval '1 hour', now() - interval '1 hour')"))
+    shown = get(client, "/api/v1/status")["targets"]
+    assert [(t["target"], t["replica"], t["circuit"]) for t in shown] == [
+        ("http://engine:8080/correlate", "replica-1", "open"),
+        ("http://engine:8080/correlate", "replica-2", "closed"),
+        ("http://other:8080/hook", "replica-1", "closed"),
+    ]
+    assert shown[0]["reason"] == "POST … answered 503" and shown[0]["concurrency_limit"] == 1
+    since = shown[0]["since"]
+    store.targets_record("replica-1", [TargetRow("replica-1", "http://engine:8080/correlate", "open", "again", 1, 0)])
+    assert get(client, "/api/v1/status")["targets"][0]["since"] == since  # still open since then

@@ -76,6 +76,28 @@ def age_records(store: Store, by: timedelta) -> None:
             )
 
 
+def test_any_answer_a_handler_returns_is_recorded_and_the_message_delivered(any_store: Store) -> None:
+    """A large answer, NaN, NUL characters, a lone surrogate: each message is delivered with a document its
+    database's JSON column takes, never made dead because its answer could not be written."""
+    any_store.keep_delivery_records(WEEK, "replica-a")
+    answers: dict[str, object] = {
+        "large": {"items": [{"sku": n, "name": "widget"} for n in range(1000)]},
+        "nan": {"ratio": float("nan")},
+        "nul": {"note": "a\x00b"},
+        "surrogate": {"note": "\udc80"},
+    }
+    ids = {hint: send(any_store, hint) for hint in answers}
+    assert engine_for(any_store, lambda message: answers[message.hint]).run_once().correlated == len(answers)
+    results = {}
+    for hint, row_id in ids.items():
+        record = any_store.messages_get(row_id)
+        assert record is not None and record.state is MessageState.DELIVERED and record.delivery is not None
+        results[hint] = record.delivery.result
+    assert results["large"]["truncated"] is True and results["large"]["characters"] > 2000
+    assert "ValueError" in results["nan"]["unreadable"]
+    assert results["nul"] == {"note": "a\ufffdb"} and results["surrogate"] == {"note": "?"}
+
+
 def test_a_correlated_message_stays_as_its_record_with_the_targets_answer(any_store: Store) -> None:
     any_store.keep_delivery_records(WEEK, "replica-a")
     answered = send(any_store, "order-1", "shop-1-paid", amount=12)

@@ -174,3 +174,12 @@ def deliver(store: Store, hint: str, message_id: str, result: object) -> int:
     done = Disposition(row_id, Kind.DELETE, 0, result=json.dumps(result))
     assert store.messages_record([SlotWrite(0, None, (done,))]).written == {row_id}
     return row_id
+
+
+def test_the_overview_shows_the_targets_circuits(client: TestClient, store: Store) -> None:
+    from worker.db.targets import TargetRow
+
+    store.targets_record("replica-1", [TargetRow("replica-1", "http://engine:8080/correlate", "open", "refused", 1, 0)])
+    log_in(client)
+    page = client.get("/ui/").text
+    assert 'id="targets"' in page and "http://engine:8080/correlate" in page and ">open<" in page

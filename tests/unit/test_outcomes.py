@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -168,13 +169,31 @@ def test_a_dict_or_a_result_is_success_with_that_answer_as_bounded_json(returned
     assert result_of(returned) == text
 
 
-def test_an_answer_too_long_or_unwritable_is_cut_or_named_never_a_failure() -> None:
-    long = result_of(Result("x" * 10_000))
-    assert long is not None and len(long) <= RESULT_LIMIT and long.endswith("…truncated")
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "x" * 10_000,
+        '"' * 5_000,  # every character escaped: the head is shortened until the whole fits
+        "\x01" * 5_000,
+        {"items": [{"sku": n, "name": "é" * 20} for n in range(300)]},
+    ],
+)
+def test_an_answer_too_long_is_a_valid_document_within_the_limit(answer: object) -> None:
+    long = result_of(Result(answer))
+    assert long is not None and len(long) <= RESULT_LIMIT
+    shown = json.loads(long)
+    assert shown["truncated"] is True and shown["characters"] > RESULT_LIMIT
+    assert json.dumps(answer, ensure_ascii=False, separators=(",", ":")).startswith(shown["head"])
+
+
+def test_an_answer_json_columns_refuse_is_cleaned_or_named_never_a_failure() -> None:
     cyclic: dict[str, object] = {}
     cyclic["self"] = cyclic
-    assert result_of(cyclic) == '"<the result could not be written as JSON: ValueError>"'
+    assert json.loads(result_of(cyclic) or "")["unreadable"].endswith("ValueError")
+    assert json.loads(result_of({"ratio": float("nan")}) or "")["unreadable"].endswith("ValueError")
     assert result_of({1: "a", "b": 2}) is not None  # mixed key types: JSON text of their str()
+    cleaned = json.loads(result_of({"nul\x00": "a\x00b", "lone": "\udc80"}) or "")
+    assert cleaned == {"nul\ufffd": "a\ufffdb", "lone": "?"}  # jsonb takes neither NUL nor a lone surrogate
 
 
 def test_a_coroutine_from_an_async_handler_is_refused_and_closed() -> None:

@@ -58,7 +58,7 @@ def status(store: Store) -> dict[str, Any]:
     ``messages_by_state``: rows by state (``waiting``: ready, due later; ``expired``: past ``expires_at``,
     awaiting cleanup) and their ``total``. ``oldest_eligible_age_seconds``: how long the oldest message that
     could be correlated now has waited (None: none). ``slots``: how many slots hints are spread over;
-    ``slots_per_replica``: how many of them each live replica holds a lease on.
+    ``slots_per_replica``: how many of them each live replica holds a lease on. ``targets``: see :func:`targets`.
     """
     oldest = store.messages_oldest_eligible(range(store.slot_count), Mode.FAIL_FIRST)
     counts: StateCounts = store.messages_count_by_state(oldest)
@@ -79,7 +79,21 @@ def status(store: Store) -> dict[str, Any]:
         "oldest_eligible_age_seconds": None if age is None else round(age.total_seconds(), 3),
         "slots": store.slot_count,
         "slots_per_replica": dict(sorted(replicas.items())),
+        "targets": targets(store),
     }
+
+
+def targets(store: Store) -> list[dict[str, Any]]:
+    """The network targets as each live replica sees them: circuit (closed, open, half_open), why it is open and
+    since when, the calls allowed in flight (lowered by back-pressure) and in flight."""
+    return [
+        {
+            "target": row.target, "replica": row.replica, "circuit": row.circuit, "reason": row.reason or None,
+            "since": row.since.isoformat() if row.since else None, "concurrency_limit": row.concurrency_limit,
+            "in_flight": row.in_flight,
+        }
+        for row in store.targets_read()
+    ]
 
 
 def require_selection(selection: MessageFilter, everything: bool, action: str) -> None:

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from worker.admin.errors import BadRequest
+from worker.admin.operations import targets
 from worker.config import Mode
 from worker.db.store import Store
 from worker.engine.leases import MEMBER_PREFIX, SLOT_PREFIX
@@ -103,7 +104,8 @@ def overview(
     (``waiting``: ready, due later; ``expired``: past ``expires_at``). ``oldest_eligible_age_seconds``: how long
     the oldest message that could be correlated now has waited (a lower bound past a few hints per slot).
     ``throughput``: see :class:`Throughput`. ``replicas``: live replicas, their slots and earliest lease expiry.
-    ``scheduler``: whether the cluster-wide switch of the schedules is on.
+    ``targets``: the network targets' circuits as each replica sees them. ``scheduler``: whether the
+    cluster-wide switch of the schedules is on.
     """
     census = store.console_census(count_limit)
     oldest = store.console_oldest_eligible(mode, OLDEST_BUDGET)
@@ -118,6 +120,7 @@ def overview(
         "oldest_eligible_age_seconds": None if age is None else round(age, 3),
         "throughput": rates,
         "replicas": replicas(store),
+        "targets": targets(store),
         "slots": store.slot_count,
         "pauses": len(pauses),
         "paused_everything": any(pause.scope == "all" for pause in pauses),

@@ -39,6 +39,7 @@ from worker.db.samples import SampleStatements
 from worker.db.schedules import ScheduleStatements
 from worker.db.schedules import metadata as schedule_metadata
 from worker.db.schema import SLOT_COUNT, head_revision, metadata, table_columns
+from worker.db.targets import TargetStatements
 
 # Tables the statements name in SQL text rather than as Table objects, with the columns they use.
 _TEXT_TABLES = {"correlation_session_end": ("nonce_digest", "expires_at")}
@@ -46,7 +47,7 @@ _TEXT_TABLES = {"correlation_session_end": ("nonce_digest", "expires_at")}
 
 class Store(
     ConsoleStatements, MessageStatements, FetchStatements, CallStatements, LockStatements, ScheduleStatements,
-    SampleStatements,
+    SampleStatements, TargetStatements,
 ):
     """Every statement correlation-worker runs, on one engine."""
 

@@ -202,7 +202,9 @@ RESULT_LIMIT = 2000
 
 
 def result_of(value: object) -> str | None:
-    """A successful call's answer as bounded JSON text (None when it gave none); never raises."""
+    """A successful call's answer as JSON text that any database's JSON column takes (None when it gave none);
+    never raises. Past :data:`RESULT_LIMIT` characters it is ``{"truncated": true, "characters": N, "head": …}``
+    (the head of its JSON text): still a valid document, never a cut one."""
     if value is None or value is True:  # most calls: no answer, and no ABC check for it
         return None
     if isinstance(value, Result):
@@ -212,10 +214,42 @@ def result_of(value: object) -> str | None:
     if value is None:
         return None
     try:
-        text = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError) as error:  # keys of mixed types, a cycle, NaN handling
-        text = json.dumps(f"<the result could not be written as JSON: {type(error).__name__}>")
-    return storable_text(text, RESULT_LIMIT)
+        text = _json(value)
+        if "\\u0000" in text or not _encodable(text):  # NUL or a lone surrogate: refused by jsonb
+            text = _json(_storable(value))
+    except (TypeError, ValueError, RecursionError) as error:  # keys of mixed types, a cycle, NaN or infinity
+        return json.dumps({"unreadable": f"the result could not be written as JSON: {type(error).__name__}"})
+    if len(text) <= RESULT_LIMIT:
+        return text
+    head = RESULT_LIMIT // 2
+    while True:  # escaping may lengthen the head: shorter until the whole fits
+        bounded = _json({"truncated": True, "characters": len(text), "head": text[:head]})
+        if len(bounded) <= RESULT_LIMIT:
+            return bounded
+        head //= 2
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"), allow_nan=False)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _storable(value: object) -> object:
+    """``value`` with every string (keys too) free of NUL characters and lone surrogates."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, Mapping):
+        return {_storable(key) if isinstance(key, str) else key: _storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(item) for item in value]
+    return value
 
 
 def describe_exception(error: BaseException, limit: int = ERROR_HEAD_LIMIT) -> str:
