@@ -81,7 +81,7 @@ def test_one_probe_at_a_time_at_a_growing_jittered_capped_interval_then_closed_b
     closed = target.answered(Answer.SUCCESS, 2, target.probe_at)
     target.release()
     assert closed is not None and closed.after is Circuit.CLOSED
-    assert target.admit(target.probe_at) == "call" and target.allowed() == 8  # the backlog flows at once
+    assert target.admit(target.probe_at) == "call" and target.allowed() == 4  # the backlog flows, slow start
 
 
 def test_a_probe_whose_run_made_no_call_lets_the_next_probe_go() -> None:
@@ -92,17 +92,32 @@ def test_a_probe_whose_run_made_no_call_lets_the_next_probe_go() -> None:
     assert target.admit(target.probe_at) == "probe"
 
 
-def test_busy_answers_lower_the_limit_successes_raise_it_one_at_a_time() -> None:
-    target = state(cap=16, decrease=0.5)
-    assert target.allowed() == 16
-    call(target, Answer.BUSY, 1)
+def test_a_slow_start_doubles_a_round_up_to_the_cap() -> None:
+    target = state(cap=16)
+    assert target.allowed() == 4  # not a burst of every lane at a target not heard from yet
+    for message in range(4):
+        call(target, Answer.SUCCESS, message)
     assert target.allowed() == 8
-    call(target, Answer.BUSY, 2)
-    call(target, Answer.BUSY, 3)
-    assert target.allowed() == 2 and target.circuit is Circuit.CLOSED
-    for message in range(2):  # one more in flight once `allowed` calls succeeded at it
+    for message in range(20):
         call(target, Answer.SUCCESS, 10 + message)
-    assert target.allowed() == 3
+    assert target.allowed() == 16
+
+
+def test_busy_answers_lower_the_limit_once_a_round_successes_raise_it_one_at_a_time() -> None:
+    target = state(cap=16, decrease=0.5)
+    for message in range(12):
+        call(target, Answer.SUCCESS, message)
+    assert target.allowed() == 16
+    call(target, Answer.BUSY, 100)
+    assert target.allowed() == 8
+    for message in range(7):  # the calls in flight when it came: busy too, nothing new
+        call(target, Answer.BUSY, 101 + message)
+    assert target.allowed() == 8
+    call(target, Answer.BUSY, 200)  # a round later: lower again
+    assert target.allowed() == 4 and target.circuit is Circuit.CLOSED
+    for message in range(4):  # past the slow start: one more once `allowed` calls succeeded at it
+        call(target, Answer.SUCCESS, 300 + message)
+    assert target.allowed() == 5
 
 
 def test_the_limit_bounds_the_calls_in_flight() -> None:

@@ -919,25 +919,33 @@ class Lanes:
                 if not work.pending or work.pending[0].redelivered:
                     return
                 destination = self._destination(work.pending[0].name)
-                target = None
-                if destination is not None:
-                    target = self._targets[destination.key]
-                    if target.admit(self._monotonic()) != "call":
-                        if target.probing and target.in_flight:  # a probe it just let out: not this one's
-                            self._release(target)
-                        return  # the lane that takes the hint asks again (and parks it, or lets it rest)
+                if destination is not None and not self._room_ahead(destination.key):
+                    return  # the lane that takes the hint asks its target (and parks it, or lets it rest)
                 self._rotation.popleft()
                 run = self._run_of(work)
                 if not run or run[0].redelivered:  # all expired (a lane lets it go), or for the gate after all
-                    if target is not None:
-                        self._release(target)
                     work.pending.extendleft(reversed(run))
                     self._rotation.appendleft(work)
                     return
                 work.running = True
                 ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
-                self._ahead.append(_Ahead(work, run, ticket, target))
+                # A network run's room at its target is taken by the lane that makes it (a run waiting for a
+                # lane holds none: the calls in flight there are the lanes' own).
+                self._ahead.append(_Ahead(work, run, ticket, None))
                 self._notify_work(1)
+
+    def _room_ahead(self, key: str) -> bool:
+        """Under the lock: whether a destination has room for one more run beside those running and those
+        marked ahead for it (none while its circuit is not closed)."""
+        target = self._targets[key]
+        if target.circuit is not Circuit.CLOSED:
+            return False
+        ahead = 0
+        for item in self._ahead:
+            destination = self._destination(item.run[0].name)
+            if destination is not None and destination.key == key:
+                ahead += 1
+        return target.in_flight + ahead < target.allowed()
 
     # -- the calls of a run -----------------------------------------------------------------------------------
 

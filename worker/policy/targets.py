@@ -25,8 +25,11 @@ A message that always fails alone (a 500, a timeout) never opens the circuit: fo
 messages count, and any success starts the count again. ``unavailable`` counts every call: it is never the
 message's. While the circuit is open no call goes out but the probe.
 
-The *concurrency limit* paces a busy target: additive increase (one more call in flight for every ``limit``
-successes), multiplicative decrease (``limit * decrease`` on each busy answer), between 1 and the most the route
+The *concurrency limit* paces a busy target, as TCP paces a connection: a slow start (the limit begins at
+:data:`SLOW_START` calls in flight and grows by one a success, doubling a round, until the first busy answer or
+the cap), then additive increase (one more call in flight for every ``limit`` successes) and multiplicative
+decrease (``limit * decrease`` on a busy answer, at most once a round: the calls in flight when it came answer
+busy too and say nothing new), between 1 and the most the route
 allows. At the least (1), a busy answer counts towards opening the circuit like an unavailable one.
 """
 
@@ -36,6 +39,8 @@ import math
 import random
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+SLOW_START = 4  # calls in flight to a target at first, and again once its circuit closed
 
 
 class Answer(StrEnum):
@@ -110,10 +115,12 @@ class TargetState:
     refused_since: float | None = None  # the first refusal since the last success
     reason: str = ""  # why it is open
     successes: int = 0  # since the limit last grew
+    slow_start: bool = True  # the limit doubles a round until the first busy answer
+    since_decrease: int = 1 << 30  # answers since the limit last went down (the first busy answer lowers it)
 
     def __post_init__(self) -> None:
         self.limit_cap = max(1, min(self.limit_cap, self.config.max_in_flight))
-        self.limit = float(self.limit_cap)
+        self.limit = float(min(SLOW_START, self.limit_cap))
         self.probe_delay = self.config.probe_first
 
     # -- before a call ------------------------------------------------------------------------------------------
@@ -164,9 +171,13 @@ class TargetState:
                 return self._close(now)
             return None
         at_least = False
+        self.since_decrease += 1
         if answer is Answer.BUSY:
             at_least = self.limit <= 1.0
-            self.limit = max(1.0, self.limit * self.config.decrease)
+            self.slow_start = False
+            if self.since_decrease >= self.allowed():  # once a round
+                self.limit = max(1.0, self.limit * self.config.decrease)
+                self.since_decrease = 0
             self.successes = 0
         if answer in (Answer.BUSY, Answer.UNAVAILABLE) and self.refused_since is None:
             self.refused_since = now
@@ -185,8 +196,11 @@ class TargetState:
         return None
 
     def _grow(self) -> None:
-        """Additive increase: one more call in flight once ``limit`` calls succeeded at it."""
+        """One more call in flight a success in slow start, else once ``limit`` calls succeeded at it."""
         if self.limit >= self.limit_cap:
+            return
+        if self.slow_start:
+            self.limit = min(float(self.limit_cap), self.limit + 1.0)
             return
         self.successes += 1
         if self.successes >= self.allowed():
@@ -212,7 +226,10 @@ class TargetState:
         self.unanswered = 0
         self.refused_since = None
         self.probe_delay = self.config.probe_first
-        self.limit = float(self.limit_cap)  # the held backlog flows at once; a busy target brings it down again
+        # The held backlog flows in a slow start: doubling a round (a few calls' time to the lanes' pace), without
+        # a burst at a target that has just come back.
+        self.limit = float(min(SLOW_START, self.limit_cap))
+        self.slow_start = True
         self.reason = ""
         return Transition(before, Circuit.CLOSED, "a call succeeded")
 
