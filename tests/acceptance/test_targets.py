@@ -147,10 +147,10 @@ def test_a_slow_engine_times_calls_out_as_charged_retries_and_opens_its_circuit(
     process = start_worker(pg_db, correlators=json.dumps({"*": route}), metrics__port="0", **FAST)
     first = [pg_db.insert("order.paid", f"order-{n}", {"n": n}) for n in range(8)]
     wait_until(lambda: lines_with(process, OPENED), what="the circuit opened", workers=[process])
-    # A timeout may have reached the engine: the calls that timed out are charged (all 8 were in flight at once).
-    wait_until(lambda: all(row["attempt"] == 1 for row in rows(pg_db) if row["id"] in first),
+    # A timeout may have reached the engine: the calls that timed out are charged (a slow start sends 4 at first).
+    wait_until(lambda: len([row for row in rows(pg_db) if row["id"] in first and row["attempt"] == 1]) >= 3,
                what="the timeouts recorded", workers=[process])
-    assert all("timed out after 0.3s" in row["last_error"] for row in rows(pg_db))
+    assert all("timed out after 0.3s" in row["last_error"] for row in rows(pg_db) if row["attempt"])
     held = sum(metric(process, "correlation_target_held_total").values())
     later = [pg_db.insert("order.paid", f"later-{n}", {"n": n}) for n in range(6)]
     wait_until(lambda: sum(metric(process, "correlation_target_held_total").values()) >= held + 6,
