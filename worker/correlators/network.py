@@ -292,9 +292,7 @@ class HttpClient:
                 return Reply(response.status, response.headers, bytes(body[:BODY_LIMIT]), truncated)
         except TimeoutError as error:
             raise Retry(f"POST {shown} timed out after {self.timeout:g}s{_said(error)}") from None
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as error:
-            raise TargetUnavailable(f"POST {shown} failed: {redact_text(_describe(error))}") from None
-        except aiohttp.ClientOSError as error:
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, ConnectionError) as error:  # not there
             raise TargetUnavailable(f"POST {shown} failed: {redact_text(_describe(error))}") from None
         except aiohttp.ClientError as error:
             raise Retry(f"POST {shown} failed: {redact_text(_describe(error))}") from None

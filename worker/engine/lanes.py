@@ -216,8 +216,7 @@ class _Ahead:
 
     work: HintWork
     run: list[Message]
-    ticket: MarkTicket
-    target: TargetState | None = None  # its destination's call admitted for it (a network run marked ahead)
+    ticket: MarkTicket  # a network run's room at its target is taken by the lane that makes it
 
 
 class Lanes:
@@ -363,8 +362,6 @@ class Lanes:
                 continue
             if withdraw:
                 self.committer.withdraw(item.ticket)
-            if item.target is not None:
-                self._release(item.target)
             item.work.pending.extendleft(reversed(item.run))
             item.work.running = False
             let_go.append(item.work)
@@ -727,16 +724,15 @@ class Lanes:
             self._leave(lane)
 
     async def _serve_ahead(self, lane: _Lane, ahead: _Ahead) -> None:
-        """A run marked ahead: its lane is past the gate already."""
+        """A run marked ahead: its lane is past the gate already, and asks its target for room now."""
         try:
-            target = ahead.target
+            target = None
             destination = self._destination(ahead.run[0].name)
-            if target is None and destination is not None:  # the fetch marked it: its target is asked now
-                verdict = self._target_admits(destination, ahead.work)
-                if verdict is None:
+            if destination is not None:
+                target = self._target_admits(destination, ahead.work)
+                if target is None:
                     self._hand_over_marked_back(lane, ahead)
                     return
-                target = verdict
             await self._run_marked(lane, ahead.work, ahead.run, ahead.ticket, target)
         finally:
             self._leave(lane)
@@ -931,7 +927,7 @@ class Lanes:
                 ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
                 # A network run's room at its target is taken by the lane that makes it (a run waiting for a
                 # lane holds none: the calls in flight there are the lanes' own).
-                self._ahead.append(_Ahead(work, run, ticket, None))
+                self._ahead.append(_Ahead(work, run, ticket))
                 self._notify_work(1)
 
     def _room_ahead(self, key: str) -> bool:
