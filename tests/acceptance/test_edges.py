@@ -416,7 +416,9 @@ def test_outputs_are_json_when_piped_and_tables_when_asked(pg_db: Database) -> N
     cli(pg_db, "send", "order.paid", "order-2", "--message-id", "m-2\x1b[2J")
     piped = cli(pg_db, "status")
     status = json.loads(piped.stdout)
-    assert set(status) == {"messages_by_state", "oldest_eligible_age_seconds", "slots", "slots_per_replica"}
+    assert set(status) == {
+            "messages_by_state", "oldest_eligible_age_seconds", "slots", "slots_per_replica", "targets"
+        }
     assert status["messages_by_state"]["ready"] == 2 and status["slots"] == 64
     table = cli(pg_db, "status", "--output", "table").stdout
     assert "state" in table and "messages" in table and "slot leases: 0 of 64 slots" in table
