@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -211,3 +212,23 @@ def test_two_targets_one_down_the_other_route_goes_on_at_full_pace(
     assert len(lines_with(process, OPENED)) == 1 and str(down.port) in lines_with(process, OPENED)[0]
     down.up()
     wait_until(lambda: all_delivered(pg_db, "a.down"), what="the other route's backlog", workers=[process])
+
+
+def test_a_hint_refused_with_retry_after_goes_when_its_rest_ends_whatever_its_slot_fetches_meanwhile(
+    pg_db: Database, start_worker: StartWorker, engines: Callable[..., Engine]
+) -> None:
+    """A refused hint rests until Retry-After; fetches of its slot meanwhile (other hints' messages arriving) pass
+    it over, and must not push its turn back to the slot's next poll (a minute here)."""
+    engine = engines("--latency-ms", "100", "--capacity", "1", "--retry-after", "3")
+    process = start_worker(pg_db, correlators=json.dumps({"*": http(engine)}), poll__interval="PT60S",
+                           poll__concurrency="4")
+    first, second = pg_db.hint_in_slot(5, "rest-a"), pg_db.hint_in_slot(5, "rest-b")
+    pg_db.insert("order.paid", first, {"n": 0})
+    pg_db.insert("order.paid", second, {"n": 0})  # called beside the first: one of them is refused
+    for n in range(1, 6):  # the slot is fetched again while the refused hint rests, then nothing happens there
+        time.sleep(0.1)
+        pg_db.insert("order.paid", first, {"n": n})
+    wait_until(lambda: all_delivered(pg_db), what="every message delivered well before the next poll",
+               workers=[process], timeout=20)
+    assert engine.statuses().get("429", 0) > 0
+    assert all(row["attempt"] == 0 for row in rows(pg_db))

@@ -108,16 +108,44 @@ def test_busy_answers_lower_the_limit_once_a_round_successes_raise_it_one_at_a_t
     for message in range(12):
         call(target, Answer.SUCCESS, message)
     assert target.allowed() == 16
-    call(target, Answer.BUSY, 100)
+    out = []
+    for _ in range(8):  # eight calls out at once; the first to answer is busy
+        assert target.admit(0.0) == "call"
+        out.append(target.admissions)
+    target.answered(Answer.BUSY, 100, 0.0, admitted=out[0])
     assert target.allowed() == 8
-    for message in range(7):  # the calls in flight when it came: busy too, nothing new
-        call(target, Answer.BUSY, 101 + message)
+    for number in out[1:]:  # the calls in flight when it came: busy too, nothing new
+        target.answered(Answer.BUSY, 100 + number, 0.0, admitted=number)
+        target.release()
+    target.release()
     assert target.allowed() == 8
-    call(target, Answer.BUSY, 200)  # a round later: lower again
+    call(target, Answer.BUSY, 200)  # a call admitted since: lower again
     assert target.allowed() == 4 and target.circuit is Circuit.CLOSED
     for message in range(4):  # past the slow start: one more once `allowed` calls succeeded at it
         call(target, Answer.SUCCESS, 300 + message)
     assert target.allowed() == 5
+
+
+def test_the_step_back_onto_a_refused_level_is_taken_slowly() -> None:
+    """A target with a fixed capacity (4 here) refuses the fifth call: the limit comes back to 4 at the usual
+    pace, and asks for 5 again only after CAUTION rounds at 4."""
+    target = state(cap=32)
+    in_service: list[int] = []
+    busy = successes = 0
+    for message in range(4000):
+        if target.admit(0.0) != "call":
+            target.answered(Answer.SUCCESS, in_service.pop(0), 0.0)  # the oldest call ends: room again
+            target.release()
+            successes += 1
+            continue
+        if len(in_service) >= 4:  # beyond the capacity: refused at once
+            target.answered(Answer.BUSY, message, 0.0, admitted=target.admissions)
+            target.release()
+            busy += 1
+        else:
+            in_service.append(message)
+    assert busy / (busy + successes) < 0.05, (busy, successes)
+    assert 3 <= target.allowed() <= 5
 
 
 def test_the_limit_bounds_the_calls_in_flight() -> None:

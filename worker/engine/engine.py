@@ -727,9 +727,10 @@ class Engine:
         left_out = bool(no_room)
         held = reading is not None and reading.held and len(got) < len(chosen)
         with self._cond:
-            # Nothing found, nothing asked for meanwhile: its next poll is a look (see _looked_quiet)
+            # Nothing found, nothing asked for meanwhile, no hint resting: its next poll is a look (_looked_quiet)
+            rest_ends = min((until for until, slot, _ in self._resting.values() if slot == state.slot), default=None)
             state.quiet = (not fetched and not batches.unreadable and not candidates.due and not candidates.fresh
-                           and state.adopted and state.asked == float("inf"))
+                           and state.adopted and state.asked == float("inf") and rest_ends is None)
             state.cursor = next_cursor(state.cursor, candidates.fresh, budget, no_room)
             for work in works:
                 self._busy[work.hint] = work
@@ -746,6 +747,8 @@ class Engine:
                 state.fetched(self._next_due(now, candidates.next_due, candidates.now))
             if not state.adopted:  # a lost call's row is locked elsewhere: its hint waits until it can be counted
                 state.wanted_at = min(state.wanted_at, now + ADOPT_RETRY)
+            if rest_ends is not None:  # a hint it skipped as resting (its target refused it) goes when its rest ends
+                state.wanted_at = min(state.wanted_at, rest_ends)
             if not held:  # the slot is drained or gave out work (held back by the horizon it is stuck)
                 state.last_progress = now
         return works

@@ -52,7 +52,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -219,6 +219,25 @@ class _Ahead:
     ticket: MarkTicket  # a network run's room at its target is taken by the lane that makes it
 
 
+def _hints(parked: Iterable[HintWork | asyncio.Future[None]]) -> list[HintWork]:
+    """The hints parked for a destination (not the lanes waiting there)."""
+    return [item for item in parked if not isinstance(item, asyncio.Future)]
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """A run's room at its network target: the destination's state, its key, and the admission's number."""
+
+    target: TargetState
+    key: str
+    number: int
+
+
 class Lanes:
     """The lane tasks and the rotation of hints waiting for them."""
 
@@ -263,7 +282,9 @@ class Lanes:
         self._rotation: deque[HintWork] = deque()
         # Runs marked before a lane took them (ahead, or by the fetch): lanes take these first.
         self._ahead: deque[_Ahead] = deque()  # at most one per lane, and the fetch's
-        self._parked: dict[str, deque[HintWork]] = {}  # by destination: works waiting for a call to end there
+        # By destination, in the order they came: hints parked until a call there ends, and lanes holding a run
+        # marked ahead that wait for room there (their futures).
+        self._parked: dict[str, deque[HintWork | asyncio.Future[None]]] = {}
         self._lanes: list[_Lane] = []
         self._numbers = itertools.count(1)
         self._threads = RunThreads()
@@ -338,7 +359,8 @@ class Lanes:
             dropped = list(self._rotation)
             self._rotation.clear()
             for parked in self._parked.values():
-                dropped += parked
+                dropped += _hints(parked)
+                self._unpark_lanes(parked)  # they see the stop
             self._parked.clear()
             for work in dropped:
                 work.running = False
@@ -537,9 +559,9 @@ class Lanes:
             if dropped:
                 self._rotation = deque(work for work in self._rotation if work.slot != slot)
             for key, parked in self._parked.items():
-                gone = [work for work in parked if work.slot == slot]
-                if gone:
-                    self._parked[key] = deque(work for work in parked if work.slot != slot)
+                gone = [work for work in _hints(parked) if work.slot == slot]
+                if gone:  # (a lane waiting with a run of the slot finds its lease gone when it gets room)
+                    self._parked[key] = deque(item for item in parked if not any(item is work for work in gone))
                     for work in gone:
                         work.running = False
                     dropped += gone
@@ -549,7 +571,7 @@ class Lanes:
     def waiting(self) -> int:
         """Hints waiting for a lane (in the rotation, their next runs marked ahead, or parked for their target)."""
         with self._lock:
-            return len(self._rotation) + len(self._ahead) + sum(len(parked) for parked in self._parked.values())
+            return len(self._rotation) + len(self._ahead) + sum(len(_hints(parked)) for parked in self._parked.values())
 
     def busy_lanes(self) -> int:
         """Lanes making a call now (calls given up on not counted)."""
@@ -588,7 +610,7 @@ class Lanes:
                     "target": self._shown[key], "circuit": str(target.circuit), "limit": target.allowed(),
                     "in_flight": target.in_flight, "reason": target.reason,
                     "probe_in": round(target.retry_in(now), 3) if target.circuit is not Circuit.CLOSED else None,
-                    "parked": len(self._parked.get(key, ())),
+                    "parked": len(_hints(self._parked.get(key, ()))),
                 }
                 for key, target in self._targets.items()
             ]
@@ -726,20 +748,36 @@ class Lanes:
     async def _serve_ahead(self, lane: _Lane, ahead: _Ahead) -> None:
         """A run marked ahead: its lane is past the gate already, and asks its target for room now."""
         try:
-            target = None
+            room = None
             destination = self._destination(ahead.run[0].name)
             if destination is not None:
-                target = self._target_admits(destination, ahead.work)
-                if target is None:
+                room = await self._room_when_free(destination, ahead.work)
+                if room is None:
                     self._hand_over_marked_back(lane, ahead)
                     return
-            await self._run_marked(lane, ahead.work, ahead.run, ahead.ticket, target)
+            await self._run_marked(lane, ahead.work, ahead.run, ahead.ticket, room)
         finally:
             self._leave(lane)
 
+    async def _room_when_free(self, destination: Destination, work: HintWork) -> _Room | None:
+        """Room at its target for a run marked ahead, waiting while the target is only full (its calls end within
+        their timeouts): its marks are written, and the next call there should not wait for a mark. None when the
+        circuit is open (``work.rest`` set) or the replica stops."""
+        while True:
+            room = self._target_admits(destination, work)
+            if room is not None or work.rest is not None or self._stopping:
+                return room
+            waiter = asyncio.get_running_loop().create_future()
+            with self._lock:
+                self._parked.setdefault(destination.key, deque()).append(waiter)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(waiter, WAIT_LOOK)
+
     def _hand_over_marked_back(self, lane: _Lane, ahead: _Ahead) -> None:
-        """A run marked ahead whose target will not take it now: its marks are taken back (the hint rests)."""
+        """A run marked ahead whose target will not take it now (or the replica stops): its marks are taken back,
+        and the hint makes no more calls now (the rest waits behind the run: it rests, or is fetched again)."""
         lane.unmark.extend(ahead.run)
+        self._give_back(ahead.work, "its target's circuit is open" if ahead.work.rest else "the replica stops")
         self._hand_over(lane, ahead.work)
 
     async def _await_handled(self, lane: _Lane) -> None:
@@ -822,10 +860,10 @@ class Lanes:
             self._give_back(work, "a durable pause holds it back", again=True)
             return False
         destination = self._destination(run[0].name)
-        target = None
+        room = None
         if destination is not None:
-            target = self._target_admits(destination, work)
-            if target is None:
+            room = self._target_admits(destination, work)
+            if room is None:
                 if work.rest is None:  # no room: parked, in order, for a call there to end
                     work.pending.extendleft(reversed(run))
                     with self._lock:
@@ -835,7 +873,7 @@ class Lanes:
                 self._give_back(work, "its target's circuit is open")
                 return False
         ticket = self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone)
-        await self._run_marked(lane, work, run, ticket, target)
+        await self._run_marked(lane, work, run, ticket, room)
         return False
 
     async def _marks_written(self, ticket: MarkTicket) -> bool:
@@ -851,7 +889,7 @@ class Lanes:
         return self.leases.safe_for(work.slot, work.fence) > self._timeout(message.name)
 
     async def _run_marked(
-        self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket, target: TargetState | None
+        self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket, room: _Room | None
     ) -> None:
         """Make a run's calls once its marks are written (asked for by this lane, or ahead by another).
 
@@ -886,20 +924,21 @@ class Lanes:
                 if not work.started:
                     work.started = self._monotonic()
                 self._mark_next()
-                if target is None:
+                if room is None:
                     await asyncio.wrap_future(self._threads.submit(lambda: self._calls_in_thread(lane, work, run)))
                 else:
-                    await self._calls_on_loop(lane, work, run, target)
+                    await self._calls_on_loop(lane, work, run, room)
             finally:
                 self._hand_over(lane, work)
         finally:
-            if target is not None:
-                self._release(target)
+            if room is not None:
+                self._release(room)
 
     def _mark_next(self) -> None:
         """While this lane calls, have the next runs of the rotation's front marked (:data:`AHEAD_PER_RUN`, up to
         one per lane in all), for whichever lanes are free first: with every lane calling, no lane then waits for
-        a mark between two runs. A run to a network target is marked ahead only with its target's room taken.
+        a mark between two runs. Runs to a network target are marked ahead a round's worth at most
+        (:meth:`_room_ahead`); the lane that makes one waits for room there.
 
         Not beside a message called alone (the gate is shut, or waits for the marked runs to end), and never
         for a message to be called alone (it waits at the gate).
@@ -931,8 +970,9 @@ class Lanes:
                 self._notify_work(1)
 
     def _room_ahead(self, key: str) -> bool:
-        """Under the lock: whether a destination has room for one more run beside those running and those
-        marked ahead for it (none while its circuit is not closed)."""
+        """Under the lock: whether a run to a destination may be marked ahead: a round's worth at most (as many as
+        its limit lets call at once), so that a call ending there is followed at once by one whose marks are
+        written; none while its circuit is not closed."""
         target = self._targets[key]
         if target.circuit is not Circuit.CLOSED:
             return False
@@ -941,7 +981,7 @@ class Lanes:
             destination = self._destination(item.run[0].name)
             if destination is not None and destination.key == key:
                 ahead += 1
-        return target.in_flight + ahead < target.allowed()
+        return ahead < target.allowed()
 
     # -- the calls of a run -----------------------------------------------------------------------------------
 
@@ -1058,13 +1098,13 @@ class Lanes:
         finally:
             steps.close()
 
-    async def _calls_on_loop(self, lane: _Lane, work: HintWork, run: list[Message], target: TargetState) -> None:
+    async def _calls_on_loop(self, lane: _Lane, work: HintWork, run: list[Message], room: _Room) -> None:
         """A network target's run, on the loop: each call awaited, cancelled at its handler timeout."""
         steps = self._calls(lane, work, run, on_loop=True)
         try:
             message, correlator = next(steps)
             while True:
-                outcome = await self._call_network(work, message, correlator, target)
+                outcome = await self._call_network(work, message, correlator, room)
                 message, correlator = steps.send(outcome)
         except StopIteration:
             pass
@@ -1072,12 +1112,13 @@ class Lanes:
             steps.close()
 
     async def _call_network(
-        self, work: HintWork, message: Message, correlator: Correlator | None, target: TargetState
+        self, work: HintWork, message: Message, correlator: Correlator | None, room: _Room
     ) -> CallResult:
         """One call to a network target, and what its answer says of the target: a refusal that is the target's
         is ``held`` (the hint rests until its Retry-After, or until the circuit may be tried again)."""
         destination = self._destination(message.name)
         call = getattr(correlator, "call", None)
+        target = room.target
         if destination is None or call is None:  # its route changed kind meanwhile: called as a plain function
             error, result = self._call(message, correlator)
             return error, result, None
@@ -1103,7 +1144,7 @@ class Lanes:
         now = self._monotonic()
         self.metrics.target_answers.labels(destination.shown, str(answer)).inc()
         with self._lock:
-            transition = target.answered(answer, message.id, now, first_line(error) if error else "")
+            transition = target.answered(answer, message.id, now, first_line(error) if error else "", room.number)
             self.metrics.target_limit.labels(destination.shown).set(target.allowed())
         if transition is not None:
             self._transition(destination, target, transition)
@@ -1126,39 +1167,51 @@ class Lanes:
             return float(min(after, self._policy(message.name).backoff_cap.total_seconds()))
         return max(target.retry_in(now), target.config.probe_first)
 
-    def _target_admits(self, destination: Destination, work: HintWork) -> TargetState | None:
-        """Ask a destination for room for one run: its state (a call counted in flight) when it has room; else
-        None, with ``work.rest`` set when its circuit is open (the hint rests) and unset when it is only full."""
+    def _target_admits(self, destination: Destination, work: HintWork) -> _Room | None:
+        """Ask a destination for room for one run (a call counted in flight) when it has room; else None, with
+        ``work.rest`` set when its circuit is open (the hint rests) and unset when it is only full."""
         target = self._targets[destination.key]
         with self._lock:
             verdict = target.admit(self._monotonic())
             if verdict in ("call", "probe"):
                 if verdict == "probe":
                     self._transition(destination, target, Transition(Circuit.OPEN, Circuit.HALF_OPEN, target.reason))
-                return target
+                return _Room(target, destination.key, target.admissions)
             if verdict == "open":
                 work.rest = (destination.key, target.retry_in(self._monotonic()))
                 self.metrics.target_held.labels(destination.shown, "open").inc()
         return None
 
-    def _release(self, target: TargetState) -> None:
-        """A run's call slot at its target is free: a hint parked for it goes to the front of the rotation."""
+    def _release(self, room: _Room) -> None:
+        """A run's call slot at its target is free: for the first waiting for it (a parked hint goes to the front
+        of the rotation; a lane with a run marked ahead is woken)."""
         with self._lock:
-            target.release()
-            key = next(key for key, state in self._targets.items() if state is target)
-            self._unpark(key, 1)
+            room.target.release()
+            self._unpark(room.key, 1)
 
     def _unpark(self, key: str, count: int) -> None:
-        """Under the lock: up to ``count`` hints parked for this destination back to the rotation's front."""
+        """Under the lock: up to ``count`` of those waiting for room at this destination go, in the order they
+        came (a lane that gave up waiting meanwhile is passed over: it asks again)."""
         parked = self._parked.get(key)
-        moved = 0
-        while parked and moved < count:
-            work = parked.popleft()
-            work.running = False
-            self._rotation.appendleft(work)
+        moved = woken = 0
+        while parked and moved + woken < count:
+            item = parked.popleft()
+            if isinstance(item, asyncio.Future):
+                if not item.done():
+                    self._soon(_wake, item)
+                    woken += 1
+                continue
+            item.running = False
+            self._rotation.appendleft(item)
             moved += 1
         if moved:
             self._notify_work(moved)
+
+    def _unpark_lanes(self, parked: deque[HintWork | asyncio.Future[None]]) -> None:
+        """Under the lock: wake every lane waiting in ``parked``."""
+        for item in parked:
+            if isinstance(item, asyncio.Future) and not item.done():
+                self._soon(_wake, item)
 
     def _transition(self, destination: Destination, target: TargetState, transition: Transition) -> None:
         """A circuit changed: its one log line, its metrics; closed, its hints go again."""

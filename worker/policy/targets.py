@@ -28,9 +28,11 @@ message's. While the circuit is open no call goes out but the probe.
 The *concurrency limit* paces a busy target, as TCP paces a connection: a slow start (the limit begins at
 :data:`SLOW_START` calls in flight and grows by one a success, doubling a round, until the first busy answer or
 the cap), then additive increase (one more call in flight for every ``limit`` successes) and multiplicative
-decrease (``limit * decrease`` on a busy answer, at most once a round: the calls in flight when it came answer
-busy too and say nothing new), between 1 and the most the route
-allows. At the least (1), a busy answer counts towards opening the circuit like an unavailable one.
+decrease (``limit * decrease`` on a busy answer, once a round: a busy answer of a call admitted before the last
+decrease says nothing new), between 1 and the most the route allows. The step back onto the level a target
+refused (its *ceiling*) is taken :data:`CAUTION` times more slowly: a target with a fixed capacity is asked above
+it once in a while, not every few rounds. At the least (1), a busy answer counts towards opening the circuit like
+an unavailable one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 SLOW_START = 4  # calls in flight to a target at first, and again once its circuit closed
+CAUTION = 8  # rounds at one below the ceiling before the limit steps onto it again
 
 
 class Answer(StrEnum):
@@ -116,7 +119,9 @@ class TargetState:
     reason: str = ""  # why it is open
     successes: int = 0  # since the limit last grew
     slow_start: bool = True  # the limit doubles a round until the first busy answer
-    since_decrease: int = 1 << 30  # answers since the limit last went down (the first busy answer lowers it)
+    admissions: int = 0  # calls admitted so far: the number of the latest (see :meth:`answered`)
+    decreased_at: int = -1  # the admissions when the limit last went down
+    ceiling: int = 0  # the calls in flight a busy answer came at last (0: none yet)
 
     def __post_init__(self) -> None:
         self.limit_cap = max(1, min(self.limit_cap, self.config.max_in_flight))
@@ -127,17 +132,20 @@ class TargetState:
 
     def admit(self, now: float) -> str:
         """May a call go now? ``call`` (counted in flight), ``probe`` (the half-open probe, counted in flight),
-        ``wait`` (the limit is reached: wait for a call to end) or ``open`` (not before :attr:`probe_at`)."""
+        ``wait`` (the limit is reached: wait for a call to end) or ``open`` (not before :attr:`probe_at`). An
+        admitted run's number is :attr:`admissions` right after (its answers give it back)."""
         if self.circuit is Circuit.CLOSED:
             if self.in_flight >= self.allowed():
                 return "wait"
             self.in_flight += 1
+            self.admissions += 1
             return "call"
         if self.circuit is Circuit.OPEN and now >= self.probe_at:
             self.circuit = Circuit.HALF_OPEN
         if self.circuit is Circuit.HALF_OPEN and not self.probing:
             self.probing = True
             self.in_flight += 1
+            self.admissions += 1
             return "probe"
         return "open"
 
@@ -154,9 +162,12 @@ class TargetState:
 
     # -- after a call -------------------------------------------------------------------------------------------
 
-    def answered(self, answer: Answer, message_id: int, now: float, reason: str = "") -> Transition | None:
-        """One answer of an admitted run's calls (a run may make several); returns the circuit's transition, if
-        any. While half-open, the first answer is the probe's."""
+    def answered(
+        self, answer: Answer, message_id: int, now: float, reason: str = "", admitted: int | None = None
+    ) -> Transition | None:
+        """One answer of an admitted run's calls (a run may make several; ``admitted`` is its admission's number,
+        None for one admitted just now); returns the circuit's transition, if any. While half-open, the first
+        answer is the probe's."""
         was_probe, self.probing = self.probing, False
         if answer is Answer.SUCCESS:
             self.failed.clear()
@@ -171,13 +182,13 @@ class TargetState:
                 return self._close(now)
             return None
         at_least = False
-        self.since_decrease += 1
         if answer is Answer.BUSY:
             at_least = self.limit <= 1.0
             self.slow_start = False
-            if self.since_decrease >= self.allowed():  # once a round
+            if admitted is None or admitted > self.decreased_at:  # once a round: not for calls already out then
+                self.ceiling = self.allowed()
                 self.limit = max(1.0, self.limit * self.config.decrease)
-                self.since_decrease = 0
+                self.decreased_at = self.admissions
             self.successes = 0
         if answer in (Answer.BUSY, Answer.UNAVAILABLE) and self.refused_since is None:
             self.refused_since = now
@@ -203,7 +214,8 @@ class TargetState:
             self.limit = min(float(self.limit_cap), self.limit + 1.0)
             return
         self.successes += 1
-        if self.successes >= self.allowed():
+        rounds = CAUTION if self.allowed() + 1 == self.ceiling else 1
+        if self.successes >= self.allowed() * rounds:
             self.successes = 0
             self.limit = min(float(self.limit_cap), self.limit + 1.0)
 
@@ -230,6 +242,7 @@ class TargetState:
         # a burst at a target that has just come back.
         self.limit = float(min(SLOW_START, self.limit_cap))
         self.slow_start = True
+        self.ceiling = 0
         self.reason = ""
         return Transition(before, Circuit.CLOSED, "a call succeeded")
 
