@@ -44,7 +44,7 @@ class Engine:
         self.capacity = args.capacity
         self.retry_after = args.retry_after
         self.fail_when = args.fail_when.encode() if args.fail_when else b""
-        self.is_down = args.down
+        self.is_down: bool = bool(args.down)
         self.down_mode = args.down_mode
         self.connections: set[Connection] = set()
         self.serving = 0

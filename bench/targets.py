@@ -16,7 +16,7 @@ Rows (``--rows``, all by default), each in the same run, one fresh worker proces
    ``Retry-After: 1`` beyond; 2 000 messages over 500 hints released at once. Calls/s against its capacity, the
    share of 429s among its requests, attempts charged.
 5. **two**: two ``http`` routes, one engine answering 503 all along, the other 10 ms: 2 500 messages for each,
-   released at once; the healthy route's rate beside row 1's ``http``.
+   released at once; the healthy route's rate beside its rate alone (the same 2 500 messages, no other route).
 6. **payload**: ``cluster.py``'s no-op drain of 20 000 messages by one replica, with ``{"n": i}`` payloads and
    with 1.5 KB JSON orders: the worker's CPU a message for each.
 
@@ -304,6 +304,14 @@ def busy(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 
 
 def two(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """The healthy route's drain beside a route whose engine is down, and alone (the same messages), in one run."""
+    alone = _healthy_drain(args, log_dir, with_down=False)
+    beside, attempts, dead = _healthy_drain(args, log_dir, with_down=True)
+    return {"row": "two", "healthy_calls_per_s": round(beside), "alone_calls_per_s": round(alone[0]),
+            "of_alone": round(beside / alone[0], 2), "attempts": attempts, "dead": dead}
+
+
+def _healthy_drain(args: argparse.Namespace, log_dir: Path, with_down: bool) -> tuple[float, int, int]:
     each, hints = 2500 // args.divide, 500 // args.divide
     down = FakeEngine("--latency-ms", str(CALL_MS), "--down")
     healthy = FakeEngine("--latency-ms", str(CALL_MS))
@@ -312,12 +320,12 @@ def two(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             routes = {"a.down": {"type": "http", "url": f"{down.url}/a"},
                       "b.up": {"type": "http", "url": f"{healthy.url}/b"}}
             with driver.connection.cursor() as cursor:
-                for name, prefix in (("a.down", "a"), ("b.up", "b")):
+                for name, prefix in (("a.down", "a"), ("b.up", "b")) if with_down else (("b.up", "b"),):
                     cursor.executemany(
                         "INSERT INTO correlation_message (message_name, correlation_hint, payload, state)"
                         " VALUES (%s, %s, '{}', 'paused')",
                         [(name, f"{prefix}-{i % hints}") for i in range(each)])
-            with worker(url, "two", routes, {}, log_dir) as replica:
+            with worker(url, "two" if with_down else "one", routes, {}, log_dir) as replica:
                 release(driver)
                 started = time.perf_counter()
 
@@ -333,9 +341,7 @@ def two(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     finally:
         down.stop()
         healthy.stop()
-    rate = each / seconds
-    return {"row": "two", "healthy_calls_per_s": round(rate), "of_little": round(rate / (LANES / CALL_MS * 1000), 2),
-            "attempts": attempts, "dead": dead}
+    return each / seconds, attempts, dead
 
 
 def payload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:

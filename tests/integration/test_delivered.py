@@ -4,6 +4,7 @@ retention and accepted after it, and a handler's writes committed with its outco
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from datetime import timedelta
 from typing import Any
@@ -15,12 +16,14 @@ from sqlalchemy.exc import IntegrityError
 
 from tests.conftest import stop_at_teardown
 from tests.integration.test_engine import wait_until
+from tests.integration.test_slot_leases import leaser
 from worker.admin import messages as admin_messages
 from worker.admin.auth import Caller
 from worker.config import CleanupSettings, Settings
 from worker.correlators import Router
 from worker.correlators.python import TransactionalCorrelator
 from worker.db.base import Fence
+from worker.db.errors import StoreError
 from worker.db.store import MessageFilter, NewMessage, Store
 from worker.engine.cleanup import Cleanup
 from worker.engine.engine import AllSlots, Engine
@@ -263,6 +266,28 @@ def test_a_transactional_handler_commits_its_writes_with_its_outcome_or_not_at_a
         assert error in (message.last_error or "")
 
 
+def test_transactional_calls_under_a_lease_keep_nothing_in_memory_once_settled(store: Store) -> None:
+    """Each call marked under a term is the replica's to settle until its outcome is written: one written by the
+    call's own transaction (or found gone there) is settled too, not kept for the replica's life."""
+    effects_table(store)
+    holder = leaser(store, "a")
+    holder.run_once()
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'x')"), {"m": message.id})
+        return None
+
+    settings = Settings(poll={"interval": "PT1S"}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": TransactionalCorrelator(on_paid, "shop:on_paid")}), settings, holder,
+                    holder=holder.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    sent = [send(store, f"order-{n % 7}") for n in range(40)]
+    while engine.run_once().correlated:
+        pass
+    assert [message for message, _ in effects(store)] == sent
+    assert not list(engine.committer.in_flight())  # settled, every one
+
+
 def test_a_transactional_call_whose_term_ended_writes_nothing_and_is_not_called(store: Store) -> None:
     effects_table(store)
     row = send(store, "order-1")
@@ -277,6 +302,50 @@ def test_a_transactional_call_whose_term_ended_writes_nothing_and_is_not_called(
     assert called == [] and effects(store) == []
     message = store.messages_get(row)
     assert message is not None and message.state is MessageState.READY and message.attempt == 0
+
+
+def test_ending_a_transactional_call_past_its_timeout_ends_that_transaction_never_a_later_one(store: Store) -> None:
+    """The session of a call given up on is ended only while it is in that call's transaction: once the call is
+    over its connection goes back to the pool, and ending "its" backend then would end another statement."""
+    row = send(store, "order-1")
+    sessions: list[Any] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(connection: Connection) -> Any:
+        inside.set()
+        release.wait(10)
+        return None
+
+    ended: list[str] = []
+    call = threading.Thread(target=lambda: ended.append(
+        _status_of(lambda: store.calls_transact(1, None, slow, row, session=sessions.append))
+    ))
+    call.start()
+    assert inside.wait(10)
+    assert store.session_end(sessions[0]) is True  # in the call: its transaction is rolled back
+    release.set()
+    call.join(10)
+    assert ended == ["failed"] and sessions[-1] is None
+
+    sessions.clear()
+    assert store.calls_transact(1, None, lambda connection: None, row, session=sessions.append) == "failed"
+    over = sessions[0]  # the call is over: its connection is back in the pool, in use by whoever takes it next
+    with contextlib.ExitStack() as held:
+        for _ in range(20):  # take the pool's connections until the call's backend is the one in use
+            connection = held.enter_context(store.engine.connect())
+            if connection.execute(text("SELECT pg_backend_pid()")).scalar_one() == over.pid:
+                break
+        else:
+            pytest.fail("the call's connection did not come back to the pool")
+        assert store.session_end(over) is False
+        assert connection.execute(text("SELECT 1")).scalar_one() == 1  # the later transaction is not ended
+
+
+def _status_of(call: Any) -> str:
+    try:
+        return str(call())
+    except StoreError:
+        return "failed"
 
 
 def test_a_python_route_can_be_transactional_and_is_checked_at_startup(tmp_path: Any, monkeypatch: Any) -> None:

@@ -83,6 +83,15 @@ class FlushOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class CallSession:
+    """The PostgreSQL backend running a transactional call, and when its transaction began (what tells that
+    transaction from a later one on the same pooled connection)."""
+
+    pid: int
+    began: Any  # the transaction's start (``now()``), as the driver read it
+
+
+@dataclass(frozen=True, slots=True)
 class LostCall:
     """A call of an ended term found in flight by the slot's next holder."""
 
@@ -400,6 +409,9 @@ _TERM_RUNS = {
 }
 
 
+_THIS_TRANSACTION = text("SELECT pg_backend_pid(), now()")
+
+
 class _Rollback(Exception):
     """Ends a transactional call's transaction without committing it, saying why."""
 
@@ -711,7 +723,7 @@ class CallStatements(LockStatements):
         disposition: Callable[[Connection], Disposition | None],
         message_id: int,
         *,
-        session: Callable[[int | None], None] = lambda pid: None,
+        session: Callable[[CallSession | None], None] = lambda pid: None,
     ) -> str:
         """Make one call inside the transaction that records its outcome (a transactional correlator).
 
@@ -723,15 +735,17 @@ class CallStatements(LockStatements):
         term is seen to run still by the database clock (``fenced`` when it ran out meanwhile: nothing commits,
         and the slot's next holder delivers the message again); None means the call did not succeed, and
         everything, the handler's writes too, is rolled back (``failed``: the caller records the failure the
-        usual way). ``session`` is told the PostgreSQL backend running the transaction (None once it
-        is over), so that a call past its timeout can be ended from outside.
+        usual way). ``session`` is told the PostgreSQL backend running the transaction and when that
+        transaction began (None once it is over), so that a call past its timeout can be ended from outside
+        (:meth:`session_end`: that transaction only, never a later one on the same pooled connection).
         """
 
         key = {"id": message_id, "slot": slot, "fence": None if fence is None else fence.fence}
 
         def work(connection: Connection) -> str:
             if self.dialect == "postgresql":
-                session(connection.connection.driver_connection.info.backend_pid)  # type: ignore[union-attr]
+                row = connection.execute(_THIS_TRANSACTION).one()
+                session(CallSession(int(row[0]), row[1]))
             if fence is not None and connection.execute(_CALL_ONE[self.dialect], key).first() is None:
                 raise _Rollback("fenced")
             if connection.execute(_LOCK_ONE[self.dialect], {"id": message_id}).first() is None:
@@ -759,11 +773,17 @@ class CallStatements(LockStatements):
         finally:
             session(None)
 
-    def session_end(self, pid: int) -> None:
-        """End a PostgreSQL session of this replica's (a transactional call past its timeout): its transaction
-        is rolled back and its locks let go."""
-        if self.dialect == "postgresql":
-            self._driver_statements(lambda driver: driver.execute("SELECT pg_terminate_backend(%s)", (pid,)))
+    def session_end(self, session: CallSession) -> bool:
+        """End the PostgreSQL session of a transactional call past its timeout, if it is still in that call's
+        transaction (its connection may have gone back to the pool and be running something else of the
+        replica's since): the transaction is rolled back and its locks let go. Whether it was ended."""
+        if self.dialect != "postgresql":
+            return False
+        ended = self._driver_statements(lambda driver: driver.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s AND xact_start = %s",
+            (session.pid, session.began),
+        ).fetchall())
+        return bool(ended and ended[0][0])
 
     def _unmark_and_abandon(self, connection: Connection, writes: Sequence[SlotWrite]) -> None:
         unmark = [(i, w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.unmark]

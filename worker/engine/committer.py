@@ -339,6 +339,11 @@ class Committer:
             if self._in_flight.get(message_id) == fence:
                 del self._in_flight[message_id]
 
+    def settled(self, fence: Fence | None, ids: Sequence[int]) -> None:
+        """Calls whose outcome (or unmark) their own transaction wrote: no longer this replica's to settle."""
+        with self._cond:
+            self._forget(fence, ids)
+
     def in_flight_under(self, fence: Fence) -> list[int]:
         """The calls this replica marked under this term and has not settled."""
         with self._cond:

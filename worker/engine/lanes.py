@@ -63,6 +63,7 @@ from worker.correlators import Correlator, Router
 from worker.correlators.network import CallLoop, Destination, TargetBusy, TargetUnavailable, shared_loop
 from worker.correlators.python import TransactionalCorrelator
 from worker.db.base import Fence
+from worker.db.calls import CallSession
 from worker.db.errors import StoreError
 from worker.engine.committer import Committer, Latch, MarkTicket, Outcomes
 from worker.message import Message
@@ -202,7 +203,7 @@ class _Lane:
     handed: Outcomes | None = None  # the last outcomes handed over (a lone run waits until they are handled)
     abandoned: bool = False  # given up on (timeout or shutdown): it ends when the call returns
     timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
-    session: int | None = None  # the database session of a transactional call in progress (PostgreSQL)
+    session: CallSession | None = None  # the database session of a transactional call in progress (PostgreSQL)
     admitted: bool = False  # past the gate: its run may be marked and called
 
     def unstarted(self) -> list[Message]:
@@ -1030,6 +1031,7 @@ class Lanes:
                         with self._lock:
                             lane.current = None
                         if status == "gone":  # deleted or recorded meanwhile: its mark is out, go on
+                            self.committer.settled(work.fence, [message.id])
                             continue
                         if status == "held":  # the target's refusal: no attempt, the hint rests (work.rest)
                             lane.unmark.extend(run[index:])
@@ -1062,6 +1064,7 @@ class Lanes:
                         lane.current = None
                         if status == "written":  # recorded with the handler's writes, in its transaction
                             self._count_recorded(message, disposition)
+                            self.committer.settled(work.fence, [message.id])
                         else:
                             lane.done.append((message, disposition))
                     work.called += 1
@@ -1271,9 +1274,9 @@ class Lanes:
             answer[0] = result_of(returned)
             return Disposition(message.id, Kind.DELETE, message.attempt, result=answer[0])
 
-        def session(pid: int | None) -> None:
+        def session(call: CallSession | None) -> None:
             with self._lock:
-                lane.session = pid
+                lane.session = call
 
         try:
             status = self.committer.store.calls_transact(
@@ -1411,7 +1414,7 @@ class Lanes:
                 self._hung,
             )
 
-    def _end_session(self, lane: _Lane, work: HintWork, session: int) -> None:
+    def _end_session(self, lane: _Lane, work: HintWork, session: CallSession) -> None:
         """End the database session of a transactional call given up on, then record its timeout (the call's
         row is free once its transaction is rolled back)."""
         try:
