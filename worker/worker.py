@@ -336,38 +336,20 @@ class Worker:
             self.store.slot_count,
             self.router.describe(),
         )
+        supervised = self.engine.supervisor.thread
         background = [
-            threading.Thread(
-                target=self._every,
-                args=("leases", timedelta(0), self.settings.lease.renew_interval, self.leaser.run_once),
-                kwargs={"until": self.leases_done, "sooner": self.leaser.next_round_in},
-                name="leases",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=self._every,
-                args=("cleanup", self.settings.cleanup.initial_delay, self.settings.cleanup.interval, self._cleanup),
-                name="cleanup",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=self._every,
-                args=("gauges", timedelta(0), metrics_settings.gauges_interval, self._gauges),
-                name="gauges",
-                daemon=True,
-            ),
+            supervised(self._every, "leases", "leases", timedelta(0), self.settings.lease.renew_interval,
+                       self.leaser.run_once, until=self.leases_done, sooner=self.leaser.next_round_in),
+            supervised(self._every, "cleanup", "cleanup", self.settings.cleanup.initial_delay,
+                       self.settings.cleanup.interval, self._cleanup),
+            supervised(self._every, "gauges", "gauges", timedelta(0), metrics_settings.gauges_interval, self._gauges),
         ]
         if self.router.destinations():  # network routes: their states where status and the console read them
-            background.append(threading.Thread(
-                target=self._every, args=("targets", timedelta(0), TARGETS_LOOK, self._targets),
-                name="targets", daemon=True,
-            ))
+            background.append(supervised(self._every, "targets", "targets", timedelta(0), TARGETS_LOOK, self._targets))
         if self.listener is not None:
-            background.append(threading.Thread(target=self.listener.run, name="listener", daemon=True))
+            background.append(supervised(self.listener.run, "listener"))
         if self.settings.scheduler.enabled:
-            background.append(
-                threading.Thread(target=self.scheduler.run, args=(self.stopping,), name="scheduler", daemon=True)
-            )
+            background.append(supervised(self.scheduler.run, "scheduler", self.stopping))
         for thread in background:
             thread.start()
         try:
@@ -376,9 +358,9 @@ class Worker:
                 self.engine.start()
             while not self.stopping.is_set():  # the engine's fetch loop ticks the heartbeat meanwhile
                 self.stopping.wait(HEARTBEAT_SLICE)
-                trouble = self.sqlite_file_trouble()
+                trouble = self.sqlite_file_trouble() or self.engine.supervisor.failure()
                 if trouble is not None and not self.stopping.is_set():
-                    logger.error("%s", trouble)
+                    logger.error("%s; stopping", trouble)
                     self.exit_code = 1
                     self.stop()
         finally:

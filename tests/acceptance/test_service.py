@@ -735,3 +735,29 @@ def test_a_read_only_database_makes_the_replica_not_ready_and_its_failed_writes_
     later = pg_db.insert("order.paid", "order-2", {})
     wait_until(lambda: pg_db.gone(later), what="a message correlated after the failover", workers=[process])
     assert "Traceback" not in process.log()
+
+
+def test_a_thread_of_the_replica_that_dies_stops_it_with_exit_code_1_never_left_running_crippled(
+    pg_db: Database, tmp_path: Path
+) -> None:
+    """Every long-lived thread is supervised: one that dies of an unhandled exception (here the gauges loop, broken
+    by the route module's import) is logged once, makes the replica unhealthy and stops it with code 1, so that its
+    supervisor starts a whole one. What it had is handed back as at any stop: nothing is lost."""
+    waiting = pg_db.insert("order.paid", "order-1", {})
+    process = WorkerProcess(worker_env(pg_db, correlators=json.dumps({"*": "dying_gauges:handle"})),
+                            tmp_path / "worker.log", tmp_path)
+    try:
+        process.process.wait(timeout=30)
+    finally:
+        if process.running():
+            process.process.kill()
+    log = process.log()
+    assert process.returncode() == 1, log
+    assert len(lines_with(log, "the gauges thread died")) >= 1 and "ThreadKiller" in log, log
+    assert "CRITICAL" in log and "released " in log  # a stop, leases handed back
+    left = pg_db.message(waiting)  # delivered before the thread died, or left as it was: never charged or dead
+    assert left is None or (left["state"] == "ready" and left["attempt"] == 0), left
+
+
+def lines_with(log: str, text: str) -> list[str]:
+    return [line for line in log.splitlines() if text in line]

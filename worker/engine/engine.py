@@ -61,6 +61,7 @@ from worker.policy.horizon import Horizon, Pin, PinClock, horizon, overdue
 from worker.policy.outcomes import LostCallOutcome, settle_lost_call
 from worker.service.metrics import Metrics
 from worker.service.tracing import Tracing
+from worker.supervise import Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +210,7 @@ class Engine:
         self._monotonic = monotonic
         self._tick = tick  # liveness: the fetch loop calls it at least every second
         self.clock = DatabaseClock(monotonic)
+        self.supervisor = Supervisor()  # its threads, and the worker's: one that dies stops the replica
         self.committer = Committer(store, self.metrics, self._lease_lost, monotonic)
         self.lanes = Lanes(
             router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
@@ -260,7 +262,7 @@ class Engine:
             gc.set_threshold(*GC_THRESHOLDS)
         self._start_parts()
         for number in range(FETCHERS):
-            fetcher = threading.Thread(target=self._fetch_forever, name=f"fetcher-{number + 1}", daemon=True)
+            fetcher = self.supervisor.thread(self._fetch_forever, f"fetcher-{number + 1}")
             self._threads.append(fetcher)
             fetcher.start()
 
@@ -270,7 +272,7 @@ class Engine:
         parts = [("committer", self.committer.run)]
         parts += [(f"marker-{number + 1}", self.committer.run_marks) for number in range(MARKERS)]
         for name, target in parts:
-            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread = self.supervisor.thread(target, name)
             self._threads.append(thread)
             thread.start()
         self.lanes.start()
@@ -330,6 +332,9 @@ class Engine:
 
     def health(self) -> str | None:
         """Why the engine cannot do its job (None when it can)."""
+        died = self.supervisor.failure()
+        if died is not None:
+            return died
         if self.lanes.exhausted():
             return (
                 f"{self.lanes.hung()} correlator calls are stuck past their handler timeout and hold every lane "
