@@ -395,3 +395,49 @@ def test_a_transactional_call_past_its_timeout_has_its_session_ended_and_its_wri
     assert message is not None and message.state is MessageState.READY, "the timeout was not recorded"
     assert "did not return within" in (message.last_error or "")
     assert effects(store) == []  # the write of the call given up on never committed
+
+
+@pytest.mark.parametrize("how", ["commit", "rollback", "close", "driver COMMIT"])
+def test_a_transactional_handler_that_ends_the_transaction_is_dead_with_the_reason_and_never_called_again(
+    any_store: Store, how: str
+) -> None:
+    """Its writes may have committed apart from the outcome: calling it again would repeat them. The message is
+    dead, saying what the handler did, and its neighbours carry on."""
+    effects_table(any_store)
+    calls: list[int] = []
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        calls.append(message.id)
+        connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'x')"), {"m": message.id})
+        if message.payload.get("misuse"):
+            if how == "driver COMMIT":
+                connection.exec_driver_sql("COMMIT")
+            else:
+                getattr(connection, how)()
+        return None
+
+    bad = send(any_store, "order-1", misuse=True)
+    good = send(any_store, "order-2")
+    engine = engine_for(any_store, TransactionalCorrelator(on_paid, "shop:on_paid"))
+    for _ in range(3):
+        engine.run_once()
+    message = any_store.messages_get(bad)
+    assert message is not None and message.state is MessageState.DEAD, message
+    assert "ended the worker's transaction" in (message.last_error or "")
+    assert calls.count(bad) == 1 and calls.count(good) == 1  # never again, and the neighbour delivered
+    record = any_store.messages_get(good)
+    assert record is not None and record.delivery is not None
+    assert [row for row, _ in effects(any_store)].count(good) == 1
+
+
+def test_a_transactional_handler_may_use_savepoints(any_store: Store) -> None:
+    effects_table(any_store)
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        with connection.begin_nested():
+            connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'x')"), {"m": message.id})
+        return None
+
+    row = send(any_store, "order-1")
+    assert engine_for(any_store, TransactionalCorrelator(on_paid, "shop:on_paid")).run_once().correlated == 1
+    assert effects(any_store) == [(row, "x")]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import psycopg
 from sqlalchemy import Boolean, bindparam, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -412,6 +413,21 @@ _TERM_RUNS = {
 _THIS_TRANSACTION = text("SELECT pg_backend_pid(), now()")
 
 
+def _ended(connection: Connection, transaction: Any) -> bool:
+    """Whether the transaction a handler was given is over (it is not the connection's any more, or the driver's
+    session is outside any transaction)."""
+    if connection.closed or connection.invalidated:
+        return True
+    if connection.get_transaction() is not transaction or transaction is None or not transaction.is_active:
+        return True
+    driver: Any = connection.connection.driver_connection
+    status = getattr(getattr(driver, "info", None), "transaction_status", None)
+    if status is not None:  # psycopg: INTRANS (or INERROR: aborted, which the commit reports)
+        return bool(status == psycopg.pq.TransactionStatus.IDLE)
+    in_transaction = getattr(driver, "in_transaction", None)  # sqlite3
+    return in_transaction is False
+
+
 class _Rollback(Exception):
     """Ends a transactional call's transaction without committing it, saying why."""
 
@@ -735,9 +751,11 @@ class CallStatements(LockStatements):
         term is seen to run still by the database clock (``fenced`` when it ran out meanwhile: nothing commits,
         and the slot's next holder delivers the message again); None means the call did not succeed, and
         everything, the handler's writes too, is rolled back (``failed``: the caller records the failure the
-        usual way). ``session`` is told the PostgreSQL backend running the transaction and when that
-        transaction began (None once it is over), so that a call past its timeout can be ended from outside
-        (:meth:`session_end`: that transaction only, never a later one on the same pooled connection).
+        usual way); ``ended`` when the handler ended the transaction itself (a commit, a rollback, a close, through
+        SQLAlchemy or the driver): its writes may have committed without the outcome. ``session`` is told the
+        PostgreSQL backend running the transaction and when that transaction began (None once it is over), so that
+        a call past its timeout can be ended from outside (:meth:`session_end`: that transaction only, never a
+        later one on the same pooled connection).
         """
 
         key = {"id": message_id, "slot": slot, "fence": None if fence is None else fence.fence}
@@ -754,7 +772,10 @@ class CallStatements(LockStatements):
                 if fence is not None:
                     connection.execute(_UNMARK_ONE, key)
                 return "gone"
+            transaction = connection.get_transaction()
             outcome = disposition(connection)
+            if _ended(connection, transaction):  # the handler committed, rolled back or closed it
+                raise _Rollback("ended")
             if outcome is None:
                 raise _Rollback("failed")
             if fence is not None and connection.execute(_TERM_RUNS[self.dialect], _term_of(fence)).first() is None:

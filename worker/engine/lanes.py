@@ -1284,6 +1284,12 @@ class Lanes:
             )
         except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
             return failure[0] or error, None, "failed"
+        if status == "ended":  # its writes may have committed apart from the outcome: never called again
+            return PermanentError(
+                "the transactional handler ended the worker's transaction (a commit, rollback or close): its writes "
+                "may have committed without the outcome, so it is not called again; a transactional handler must "
+                "leave the transaction to the worker"
+            ), None, "failed"
         return failure[0], answer[0], status
 
     def _hand_over(self, lane: _Lane, work: HintWork) -> None:
