@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -441,3 +442,33 @@ def test_a_transactional_handler_may_use_savepoints(any_store: Store) -> None:
     row = send(any_store, "order-1")
     assert engine_for(any_store, TransactionalCorrelator(on_paid, "shop:on_paid")).run_once().correlated == 1
     assert effects(any_store) == [(row, "x")]
+
+
+def test_a_transactional_message_whose_row_another_session_holds_waits_without_spinning(store: Store) -> None:
+    """The call finds the row locked (an operator's open transaction, say): the hint rests a second between
+    tries instead of being fetched, marked and unmarked again at once, and goes once the row is free."""
+    effects_table(store)
+    row = send(store, "order-1")
+    tries: list[int] = []
+    transact = store.calls_transact
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        tries.append(1)
+        return transact(*args, **kwargs)
+
+    store.calls_transact = counted  # type: ignore[method-assign]
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'x')"), {"m": message.id})
+        return None
+
+    holder = store.engine.connect()
+    holder.execute(text("SELECT 1 FROM correlation_message WHERE id = :id FOR UPDATE"), {"id": row})
+    engine = engine_for(store, TransactionalCorrelator(on_paid, "shop:on_paid"))
+    engine.start()
+    wait_until(lambda: len(tries) >= 1, "the first try")
+    time.sleep(2.0)  # the row stays held for two seconds: a try a second at most meanwhile
+    assert len(tries) <= 4, f"{len(tries)} tries in 2 s"
+    holder.rollback()
+    holder.close()
+    wait_until(lambda: effects(store) == [(row, "x")], "delivered once the row is free")

@@ -883,7 +883,7 @@ class Engine:
             resting = not work.stopped and work.cut and self.settings.policy.batch_size != -1
             if state is None:
                 pass
-            elif work.rest is not None:  # its target refused it or its circuit is open: not before it may go
+            elif work.rest is not None:  # its target refused it, its circuit is open, its row is held: not yet
                 key, seconds = work.rest
                 self._resting[work.hint] = (now + seconds, work.slot, key)
                 state.want(now + seconds)

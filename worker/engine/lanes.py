@@ -91,6 +91,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls, at least (and while stopping)
 WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortest handler timeout in between
+ROW_HELD_REST = 1.0  # seconds a hint rests whose message row another session holds (a transactional call)
 WAIT_LOOK = 0.5  # seconds between a waiting lane's looks at a stop (it is woken sooner by what it waits for)
 # Runs of the rotation marked ahead as a run starts (up to one per lane in all).
 AHEAD_PER_RUN = 2
@@ -185,7 +186,8 @@ class HintWork:
     started: float = 0.0  # monotonic time of its first call
     fetched_at: float = 0.0  # monotonic time of its fetch
     called: int = 0
-    rest: tuple[str, float] | None = None  # its target refused or is open: (destination, seconds to rest)
+    # Its target refused or is open, or its row is held elsewhere: (the destination or None, seconds to rest)
+    rest: tuple[str | None, float] | None = None
 
 
 @dataclass(eq=False)
@@ -1038,9 +1040,10 @@ class Lanes:
                             self._give_back(work, "its target refused the call")
                             return
                         lane.unmark.extend(run[index + 1 :] if status == "fenced" else run[index:])
+                        if status == "busy":  # another session holds its row: not fetched again at once
+                            work.rest = (None, ROW_HELD_REST)
                         self._give_back(
-                            work, "its slot's term ended" if status == "fenced" else "its row is held elsewhere",
-                            again=status == "busy",
+                            work, "its slot's term ended" if status == "fenced" else "its row is held elsewhere"
                         )
                         return
                     elapsed = self._monotonic() - started
