@@ -472,3 +472,19 @@ def test_a_transactional_message_whose_row_another_session_holds_waits_without_s
     holder.rollback()
     holder.close()
     wait_until(lambda: effects(store) == [(row, "x")], "delivered once the row is free")
+
+
+def test_a_transactional_delivery_is_stamped_when_it_ended_not_when_its_transaction_began(store: Store) -> None:
+    store.keep_delivery_records(WEEK, "replica-a")
+    ended: list[Any] = []
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        time.sleep(0.5)
+        ended.append(connection.execute(text("SELECT clock_timestamp()")).scalar_one())
+        return None
+
+    row = send(store, "order-1")
+    assert engine_for(store, TransactionalCorrelator(on_paid, "shop:on_paid")).run_once().correlated == 1
+    record = store.messages_get(row)
+    assert record is not None and record.delivery is not None
+    assert record.delivery.finished_at >= ended[0]  # not the transaction's start, half a second before

@@ -343,7 +343,7 @@ _DELIVER_ONE = {
         f"UPDATE correlation_message SET {_RECORD_SET.format(now=now)}, result = {result} WHERE id = :id"
     )
     for dialect, now, result in (
-        ("postgresql", "now()", "CAST(:result AS jsonb)"),
+        ("postgresql", "clock_timestamp()", "CAST(:result AS jsonb)"),
         ("sqlite", "strftime('%Y-%m-%d %H:%M:%f000', 'now')", ":result"),
     )
 }
