@@ -171,6 +171,30 @@ def test_with_a_retention_of_zero_a_correlated_message_leaves_nothing(any_store:
     assert insert_or_nothing(any_store, "shop-1-paid") == 1
 
 
+@pytest.mark.parametrize("records", [True, False])
+def test_a_message_being_called_when_it_expires_is_left_to_its_call(any_store: Store, records: bool) -> None:
+    """Its call's outcome decides: cleanup passes over a message whose call is marked, and expires it once the
+    mark is gone (its call ended without recording it, say)."""
+    if records:
+        any_store.keep_delivery_records(WEEK, "replica-a")
+    now = any_store.now()
+    late = any_store.messages_insert(NewMessage(name="x", hint="h1", created_at=now - timedelta(hours=1),
+                                                expires_at=now - timedelta(minutes=1)))
+    assert late is not None
+    with any_store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state) "
+                 "VALUES (:id, 1, 1, 'replica-a', :id, 'called')"), {"id": late},
+        )
+    cleanup = Cleanup(any_store, CleanupSettings(), retention=WEEK if records else timedelta(0))
+    assert cleanup.run_once().expired_removed == 0
+    message = any_store.messages_get(late)
+    assert message is not None and message.state is not MessageState.DELIVERED
+    with any_store.engine.begin() as connection:
+        connection.execute(text("DELETE FROM correlation_call WHERE message_id = :id"), {"id": late})
+    assert cleanup.run_once().expired_removed == 1
+
+
 def test_expired_and_deleted_messages_leave_records_saying_how(any_store: Store) -> None:
     any_store.keep_delivery_records(WEEK, "replica-a")
     now = any_store.now()

@@ -47,20 +47,23 @@ _COUNT_BY_NAME_AND_STATE = text(
 _DELETE_EXPIRED = text(
     """
     DELETE FROM correlation_message WHERE id IN (
-        SELECT id FROM correlation_message WHERE expires_at IS NOT NULL AND expires_at <= :now LIMIT :limit
+        SELECT id FROM correlation_message m WHERE expires_at IS NOT NULL AND expires_at <= :now
+           AND NOT EXISTS (SELECT 1 FROM correlation_call c WHERE c.message_id = m.id) LIMIT :limit
     )
     """
 ).bindparams(bindparam("now", type_=UtcDateTime()), bindparam("limit", type_=Integer()))
 
 # Expired messages become records (their expires_at goes: a record never expires, it is removed after the
-# retention). Rows another session holds are left for the next run.
+# retention). Rows another session holds, and messages being called (their call marked), are left for a later run:
+# a call under way decides its message's fate, its success is not overwritten as an expiry.
 _RECORD_EXPIRED = {
     dialect: text(
         f"""
         UPDATE correlation_message
            SET state = 'delivered', outcome = 'expired', finished_at = {now}, finished_by = :by,
                payload = '{{}}', headers = '{{}}', expires_at = NULL, next_attempt_at = NULL, pause_id = NULL
-         WHERE id IN (SELECT id FROM correlation_message WHERE expires_at IS NOT NULL AND expires_at <= :now
+         WHERE id IN (SELECT id FROM correlation_message m WHERE expires_at IS NOT NULL AND expires_at <= :now
+                         AND NOT EXISTS (SELECT 1 FROM correlation_call c WHERE c.message_id = m.id)
                        LIMIT :limit {lock})
         """
     ).bindparams(bindparam("now", type_=UtcDateTime()), bindparam("limit", type_=Integer()))
