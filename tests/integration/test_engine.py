@@ -844,3 +844,23 @@ def test_an_exception_whose_str_raises_is_logged_in_one_line_and_the_rest_of_its
     assert f"id={bad} hint=h: retry" in logged and "Unprintable" in logged
     row = rows(store)[bad]
     assert row.attempt == 1 and "Unprintable" in (row.last_error or "")
+
+
+def test_what_a_replica_keeps_per_message_name_is_bounded(store: Store) -> None:
+    """Names come and go (one per tenant, per customer): the call times that size runs are kept for the most
+    recently called names only, and a fetch is sent those whose runs are longer than one call."""
+    from worker.engine.lanes import NAMES_TIMED
+
+    calls: list[int] = []
+    run = engine(store, lambda message: calls.append(message.id))
+    names = NAMES_TIMED + 150
+    with store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO correlation_message (message_name, correlation_hint, payload) "
+                 "SELECT 'name-' || i, 'hint-' || i, '{}' FROM generate_series(1, :n) AS i"), {"n": names},
+        )
+    while run.run_once().correlated:
+        pass
+    assert len(calls) == names
+    assert len(run.lanes.first_runs()) <= NAMES_TIMED
+    assert len(run.lanes._call_seconds) == NAMES_TIMED

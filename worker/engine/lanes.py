@@ -91,6 +91,8 @@ logger = logging.getLogger(__name__)
 
 WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls, at least (and while stopping)
 WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortest handler timeout in between
+NAMES_TIMED = 256  # message names whose smoothed call time sizes their runs: the most recently called
+NAMES_CACHED = 4096  # message names whose policy, timeout and destination are kept looked up (then looked up anew)
 ROW_HELD_REST = 1.0  # seconds a hint rests whose message row another session holds (a transactional call)
 WAIT_LOOK = 0.5  # seconds between a waiting lane's looks at a stop (it is woken sooner by what it waits for)
 # Runs of the rotation marked ahead as a run starts (up to one per lane in all).
@@ -306,7 +308,7 @@ class Lanes:
         for key, target in self._targets.items():
             self.metrics.target_open.labels(self._shown[key]).set(0)
             self.metrics.target_limit.labels(self._shown[key]).set(target.allowed())
-        self._call_seconds: dict[str, float] = {}  # per message name, smoothed
+        self._call_seconds: dict[str, float] = {}  # per message name, smoothed (NAMES_TIMED at most)
         self._mark_seconds = 0.002  # smoothed time a mark takes to be committed
         self._alone_waiting = 0  # lanes waiting to call a message alone (no lane is admitted meanwhile)
         self._alone: _Lane | None = None  # the lane calling a message alone
@@ -545,8 +547,10 @@ class Lanes:
     def first_runs(self) -> tuple[tuple[str, int], ...]:
         """The calls a run of each message name timed so far would have (one for the others): what a fetch marking
         runs itself marks, as a lane would."""
-        timed = list(self._call_seconds.items())
-        return tuple((name, run_length(seconds, self._mark_seconds, MAX_RUN)) for name, seconds in timed)
+        with self._lock:
+            timed = list(self._call_seconds.items())
+        runs = ((name, run_length(seconds, self._mark_seconds, MAX_RUN)) for name, seconds in timed)
+        return tuple((name, count) for name, count in runs if count > 1)
 
     def unreserve(self) -> None:
         """A fetch that was to mark calls (:meth:`reserve`) is over: its marked calls, if any, are ahead."""
@@ -690,12 +694,16 @@ class Lanes:
     def _policy(self, name: str) -> Policy:
         policy = self._policies.get(name)
         if policy is None:
+            if len(self._policies) >= NAMES_CACHED:
+                self._policies.clear()
             policy = self._policies[name] = self.settings.policy_for(name)
         return policy
 
     def _timeout(self, name: str) -> float:
         timeout = self._timeouts.get(name)
         if timeout is None:
+            if len(self._timeouts) >= NAMES_CACHED:
+                self._timeouts.clear()
             timeout = self._timeouts[name] = self._policy(name).handler_timeout.total_seconds()
         return timeout
 
@@ -705,6 +713,8 @@ class Lanes:
             return self._destinations[name]
         destination = getattr(self.router.route(name), "destination", None)
         found = destination if isinstance(destination, Destination) else None
+        if len(self._destinations) >= NAMES_CACHED:
+            self._destinations.clear()
         self._destinations[name] = found
         return found
 
@@ -1328,8 +1338,12 @@ class Lanes:
         """A run's call durations: into the histogram, and into the smoothed time that sizes later runs."""
         self.metrics.call_duration.observe_many(name, durations)
         typical = sum(durations) / len(durations)
-        previous = self._call_seconds.get(name)
-        self._call_seconds[name] = typical if previous is None else previous + 0.2 * (typical - previous)
+        with self._lock:  # the most recently called last; the least recently called goes past NAMES_TIMED
+            timed = self._call_seconds
+            previous = timed.pop(name, None)
+            timed[name] = typical if previous is None else previous + 0.2 * (typical - previous)
+            if len(timed) > NAMES_TIMED:
+                del timed[next(iter(timed))]
 
     def _count_recorded(self, message: Message, disposition: Disposition) -> None:
         """Under the lock: an outcome written by its call's own transaction, counted as handed-over ones are."""
