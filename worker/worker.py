@@ -366,6 +366,10 @@ class Worker:
         finally:
             # Stopped: no new call; running ones get the grace, then are given up on; outcomes are written.
             self.engine.stop(self.settings.shutdown.grace.total_seconds())
+            try:
+                self.router.close()  # the calls are over: the targets' connections close
+            except Exception as error:  # a connection that will not close is let go with the process
+                logger.warning("could not close the targets' connections: %s", error)
             self.leases_done.set()
             released = self.leaser.release_all()
             logger.info("released %d slot leases", released)

@@ -175,7 +175,8 @@ def test_a_busy_engine_is_paced_without_an_attempt_and_retry_after_is_kept(
     assert statuses.get("429", 0) > 0 and statuses["200"] == 60
     limit = metric(process, "correlation_target_concurrency_limit")
     assert next(iter(limit.values())) < 16  # lowered from the lanes' 16 by the 429s
-    assert not lines_with(process, " WARNING ")
+    assert process.stop() == 0
+    assert not lines_with(process, " WARNING ") and not lines_with(process, " ERROR ")  # its connections closed
 
 
 def test_one_message_the_engine_always_fails_dies_alone_while_its_neighbours_go_through(
