@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
+from effects import EFFECT_TABLE_DDL
 from harness import Database, PostgresDatabase, StartWorker, WorkerProcess, cli, wait_until, worker_env
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -761,3 +762,34 @@ def test_a_thread_of_the_replica_that_dies_stops_it_with_exit_code_1_never_left_
 
 def lines_with(log: str, text: str) -> list[str]:
     return [line for line in log.splitlines() if text in line]
+
+
+def test_a_transactional_call_longer_than_the_grace_is_rolled_back_abandoned_and_delivered_again_uncounted(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    """Its transaction holds the call's row: it is ended first (the handler's writes roll back), so that the stop
+    writes the abandon mark and the next holder delivers the message again without counting a crash; rolling
+    restarts never make a healthy message poison."""
+    pg_db.execute(EFFECT_TABLE_DDL)
+    route = json.dumps({"*": {"type": "python", "handler": "effects:apply", "transactional": True}})
+    leases = {"lease__duration": "PT8S", "lease__renew_interval": "PT1S", "lease__safety_margin": "PT0.5S",
+              "policy__handler_timeout": "PT6S", "policy__poison_after": "2", "correlators": route}
+    row_id = pg_db.insert("order.paid", "order-1", {"sleep_seconds": 30})
+    for restart in range(2):  # two rolling restarts in the middle of the call: with poison_after 2, a crash each
+        process = start_worker(pg_db, shutdown__grace="PT1S", **leases)
+        wait_until(lambda: bool(pg_db.execute(
+            "SELECT 1 FROM correlation_call WHERE message_id = %s AND state <> 'abandoned'", (row_id,))),
+            what=f"the call under way ({restart + 1})", workers=[process])
+        wait_until(lambda: bool(pg_db.execute("SELECT 1 FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                                              " AND query LIKE '%%shop_effect%%'")),
+                   what="the handler's write", workers=[process])
+        assert process.stop() == 0
+        [call] = pg_db.execute("SELECT state FROM correlation_call WHERE message_id = %s", (row_id,))
+        assert call["state"] == "abandoned", process.log()
+        assert pg_db.execute("SELECT count(*) AS n FROM shop_effect")[0]["n"] == 0  # rolled back
+    left = pg_db.message(row_id)
+    assert left is not None and (left["state"], left["attempt"], left["crashed_calls"]) == ("ready", 0, 0), left
+    pg_db.execute("UPDATE correlation_message SET payload = '{}' WHERE id = %s", (row_id,))
+    successor = start_worker(pg_db, **leases)
+    wait_until(lambda: pg_db.gone(row_id), what="the message delivered again (not poison)", workers=[successor])
+    assert pg_db.execute("SELECT count(*) AS n FROM shop_effect")[0]["n"] == 1

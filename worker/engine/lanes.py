@@ -413,6 +413,9 @@ class Lanes:
                 if lane.current is not None and not lane.abandoned:
                     lane.abandoned = True
                     message = lane.current
+                    session, lane.session = lane.session, None
+                    if session is not None:  # a transactional call: its transaction holds the call's row, which
+                        self._end_transaction(session)  # the abandon mark is written to (its writes roll back)
                     lane.abandon.append(message)
                     lane.unmark.extend(lane.unstarted())
                     if lane.work is not None:
@@ -1440,12 +1443,17 @@ class Lanes:
     def _end_session(self, lane: _Lane, work: HintWork, session: CallSession) -> None:
         """End the database session of a transactional call given up on, then record its timeout (the call's
         row is free once its transaction is rolled back)."""
+        self._end_transaction(session)
+        with self._lock:
+            self._hand_over_locked(lane, work)
+
+    def _end_transaction(self, session: CallSession) -> None:
+        """End a transactional call's database session given up on (a timeout, a stop): its transaction rolls
+        back and lets go of the call's and the message's rows."""
         try:
             self.committer.store.session_end(session)
         except StoreError as error:  # the session ends with its connection anyway; the outcome waits for it
-            logger.warning("could not end the session of a call past its timeout: %s", error)
-        with self._lock:
-            self._hand_over_locked(lane, work)
+            logger.warning("could not end the session of a call given up on: %s", error)
 
 
 def answer_of(error: BaseException | None) -> Answer:
