@@ -7,7 +7,8 @@ Rows (``--rows``, all by default), each in the same run, one fresh worker proces
    ``cluster.py`` releases them) and timed to the last delivery; for the Python correlator that sleeps 10 ms
    (``sleep_correlator.py``), an ``http`` route, a ``camunda8`` correlate route (``CAMUNDA_AUTH_STRATEGY=NONE``) and
    a ``camunda7`` route. Reference: Little's limit, 32 / 10 ms. With each: the worker's CPU a call and the log lines
-   the drain wrote at the default level (INFO).
+   the drain wrote at the default level (INFO). Beside them, when ``npm ci --prefix bench/graphile`` installed it,
+   graphile-worker 0.18 calling the same engine with Node's ``fetch``, 32 at a time, a local queue of 500.
 2. **down**: the engine answers 503 from before the worker starts; 2 000 messages over 500 hints are inserted
    over ``--outage`` seconds (60); then the engine is back. Calls made while it was down (its own count), attempts
    charged, dead messages, WARNING lines, and the seconds from its return to the last delivery.
@@ -56,7 +57,8 @@ from cluster import (
     wait_for,
     worker_env,
 )
-from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database, migrate
+from drain import LOCAL_SERVER, URL_ENV, PostgresDriver, bench_database, libpq_conninfo, migrate
+from versus_graphile import GRAPHILE_CLI, GRAPHILE_DIR, graphile_slow_target
 
 LANES = 32
 CALL_MS = 10.0
@@ -230,7 +232,26 @@ def speed(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
         rows.append({"row": "speed", "route": kind, "calls_per_s": round(rate), "of_little": round(rate / little, 2),
                      "cpu_us_per_call": round(cpu / messages * 1e6), "log_lines": logged,
                      "attempts": attempts, "dead": dead})
+    if GRAPHILE_CLI.exists():
+        rows.append(graphile_speed(args, log_dir, messages, little))
+    else:
+        print("speed: graphile-worker skipped (npm ci --prefix bench/graphile installs it)", file=sys.stderr)
     return rows
+
+
+def graphile_speed(args: argparse.Namespace, log_dir: Path, messages: int, little: float) -> dict[str, Any]:
+    """graphile-worker 0.18 calling the same fake engine with Node's fetch, 32 at a time, a local queue of 500."""
+    engine = FakeEngine("--latency-ms", str(CALL_MS))
+    try:
+        with database(args) as (url, _driver):
+            plain = libpq_conninfo(url)
+            subprocess.run(["node", str(GRAPHILE_CLI), "-c", plain, "--schema-only"], cwd=GRAPHILE_DIR, check=True,
+                           capture_output=True)
+            rate = graphile_slow_target(plain, messages, "batched 500", log_dir, call_url=f"{engine.url}/correlate")
+    finally:
+        engine.stop()
+    return {"row": "speed", "route": "graphile-worker (fetch, 32, batched 500)", "calls_per_s": round(rate),
+            "of_little": round(rate / little, 2)}
 
 
 def outage(args: argparse.Namespace, log_dir: Path, mode: str) -> dict[str, Any]:

@@ -174,10 +174,12 @@ def graphile_jobs_left(url: str) -> int:
         return int(row[0]) if row else 0
 
 
-def graphile_slow_target(url: str, count: int, config: str, log_dir: Path) -> float:
-    """Calls a second, from the commit adding ``count`` jobs over 1 000 queues to the last call's end."""
+def graphile_slow_target(url: str, count: int, config: str, log_dir: Path, call_url: str = "") -> float:
+    """Calls a second, from the commit adding ``count`` jobs over 1 000 queues to the last call's end; each call
+    waits CALL_MS, or POSTs the job's payload to ``call_url``."""
     with datagrams() as sock:
-        env = {"BENCH_PORT": str(sock.getsockname()[1]), "BENCH_COUNT": str(count), "BENCH_CALL_MS": f"{CALL_MS:g}"}
+        env = {"BENCH_PORT": str(sock.getsockname()[1]), "BENCH_COUNT": str(count), "BENCH_CALL_MS": f"{CALL_MS:g}",
+               "BENCH_CALL_URL": call_url}
         with graphile(url, SLOW_LANES, config, env, log_dir) as worker:
             worker.wait_ready()
             committed = add_jobs(url, count, min(1000, count))
