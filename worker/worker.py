@@ -237,7 +237,7 @@ class Worker:
 
     def readiness(self) -> str | None:
         """None when ready; otherwise why not (for /readyz)."""
-        trouble = self.sqlite_file_trouble()
+        trouble = self.sqlite_file_trouble() or self._unrecordable()
         if trouble is not None:
             return trouble
         try:
@@ -251,6 +251,19 @@ class Worker:
             return self._database_readiness()
         except StoreError as error:
             return str(error)
+
+    def _unrecordable(self) -> str | None:
+        """Outcomes the database refused to record, even as dead: their hints wait, unfetched, for a restart."""
+        stuck = self.engine.committer.unrecordable()
+        if not stuck:
+            return None
+        first, (_, hint, why) = next(iter(stuck.items()))
+        said = why.splitlines()[0] if why else "no reason given"
+        return (
+            f"{len(stuck)} outcome(s) could not be recorded, not even as dead (message {first} of hint {hint!r}: "
+            f"{said}); their hints are not called again until this replica restarts: fix what "
+            "refuses the update (a trigger, a constraint on correlation_message), then restart it"
+        )
 
     def _database_readiness(self) -> str | None:
         """Why the database keeps this replica from working (None: it does not)."""

@@ -793,3 +793,31 @@ def test_a_transactional_call_longer_than_the_grace_is_rolled_back_abandoned_and
     successor = start_worker(pg_db, **leases)
     wait_until(lambda: pg_db.gone(row_id), what="the message delivered again (not poison)", workers=[successor])
     assert pg_db.execute("SELECT count(*) AS n FROM shop_effect")[0]["n"] == 1
+
+
+def test_an_outcome_the_database_refuses_to_record_is_called_once_and_shown_on_readyz(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    """A BEFORE UPDATE trigger (an audit rule) refuses every update of one hint's messages: neither the outcome
+    nor the dead letter can be written. The hint is not called again every poll; /readyz says why; the other
+    hints carry on."""
+    pg_db.execute(
+        "CREATE FUNCTION audit_refuses() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'audit: hint %% may not change', OLD.correlation_hint; END $$"
+    )
+    pg_db.execute(
+        "CREATE TRIGGER audit BEFORE UPDATE ON correlation_message FOR EACH ROW "
+        "WHEN (OLD.correlation_hint = 'audited') EXECUTE FUNCTION audit_refuses()"
+    )
+    refused = pg_db.insert("order.paid", "audited", {})
+    process = start_worker(pg_db, poll__interval="PT0.2S")
+    base = endpoint(process)
+    wait_until(lambda: http_get(base + "/readyz")[0] == 503, what="not ready", workers=[process])
+    status, reason = http_get(base + "/readyz")
+    assert "could not be recorded" in reason and "audit: hint audited may not change" in reason
+    assert len(lines(reason)) == 1, reason
+    others = [pg_db.insert("order.paid", f"order-{n}", {}) for n in range(5)]
+    wait_until(lambda: pg_db.gone(*others), what="the other hints correlated", workers=[process])
+    time.sleep(1.0)  # five poll intervals: the refused hint is not fetched again meanwhile
+    assert len(pg_db.calls_of(refused)) == 1
+    assert http_get(base + "/healthz")[0] == 200

@@ -81,6 +81,7 @@ class FlushOutcome:
     deferred: frozenset[int] = frozenset()  # ids locked by another session: to be written later
     failed: dict[int, str] = field(default_factory=dict)  # ids whose outcome the database refused, and why
     fenced: frozenset[int] = frozenset()  # ids whose call was taken over (its term ended): nothing written
+    stuck: frozenset[int] = frozenset()  # of the failed, those not even made dead: nothing of them written
 
 
 @dataclass(frozen=True, slots=True)
@@ -707,6 +708,7 @@ class CallStatements(LockStatements):
                     connection.execute(_DEAD_LETTER, {"id": disposition.message_id, "reason": reason})
             except DBAPIError as again:
                 result.failed[disposition.message_id] = f"{error.orig}; dead-lettering it failed too: {again.orig}"
+                result.stuck.add(disposition.message_id)
                 return
             result.failed[disposition.message_id] = str(error.orig)
             return
@@ -913,11 +915,12 @@ class _Result:
     deferred: set[int] = field(default_factory=set)
     failed: dict[int, str] = field(default_factory=dict)
     fenced: set[int] = field(default_factory=set)
+    stuck: set[int] = field(default_factory=set)
 
     def outcome(self) -> FlushOutcome:
         return FlushOutcome(
             frozenset(self.written), frozenset(self.gone), frozenset(self.deferred), dict(self.failed),
-            frozenset(self.fenced),
+            frozenset(self.fenced), frozenset(self.stuck),
         )
 
 

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 GROUP_WINDOW = 0.01  # seconds outcomes may wait for company before they are flushed
 MARKS_WINDOW = 0.05  # seconds a withdrawn mark (a call that will not be made) may wait to be written
 MAX_GROUP = 5000  # outcomes in one flush
+UNRECORDABLE_KEPT = 10_000  # messages whose outcome could not be recorded at all, kept to hold their hints back
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0  # backoff after a failed flush (seconds)
 STOP_WRITE_WAIT = 5.0  # seconds a stopping replica keeps trying to write its last outcomes
 DEFERRED_FIRST, DEFERRED_MAX = 0.1, 5.0  # how soon a deferred outcome (row locked elsewhere) is tried again
@@ -190,6 +191,9 @@ class Committer:
         self._unmarks: dict[tuple[int, Fence], list[int]] = {}  # withdrawn marks, written at the next flush
         self._unmarks_since = 0.0
         self._in_flight: dict[int, Fence] = {}  # calls marked by this replica and not settled, by message id
+        # Messages whose outcome could not be recorded, not even as dead (a trigger refusing the update, say):
+        # message id -> (slot, hint, why). Their hints are not fetched again by this replica, which is not ready.
+        self._unrecordable: dict[int, tuple[int, str, str]] = {}
         self._marking = 0  # statements of marks being written now (by markers, or by a lane itself)
         self._stopping = False
         self._flushing = False
@@ -338,6 +342,16 @@ class Committer:
         for message_id in ids:
             if self._in_flight.get(message_id) == fence:
                 del self._in_flight[message_id]
+
+    def unrecordable(self) -> dict[int, tuple[int, str, str]]:
+        """Messages whose outcome could not be recorded at all: id -> (slot, hint, why)."""
+        with self._cond:
+            return dict(self._unrecordable)
+
+    def unrecordable_hints(self, slot: int) -> list[str]:
+        """The hints of a slot held back because an outcome of theirs could not be recorded."""
+        with self._cond:
+            return [hint for kept_slot, hint, _ in self._unrecordable.values() if kept_slot == slot]
 
     def settled(self, fence: Fence | None, ids: Sequence[int]) -> None:
         """Calls whose outcome (or unmark) their own transaction wrote: no longer this replica's to settle."""
@@ -497,10 +511,15 @@ class Committer:
                     waiting.append((message, disposition))
                 elif message.id in result.failed:
                     self.metrics.unrecordable.inc()
+                    why = result.failed[message.id]
                     logger.error(
                         "the outcome of message %s could not be recorded (%s); it was made dead if it could be",
-                        message.id, result.failed[message.id], extra={"id": message.id, "hint": message.hint},
+                        message.id, why, extra={"id": message.id, "hint": message.hint},
                     )
+                    if message.id in result.stuck:  # not even made dead: its hint is held back here
+                        with self._cond:
+                            if len(self._unrecordable) < UNRECORDABLE_KEPT:
+                                self._unrecordable[message.id] = (outcomes.slot, message.hint, why)
                     ended.append((message, "failed"))
                 else:
                     ended.append((message, "gone" if message.id in result.gone else "written"))

@@ -636,6 +636,7 @@ class Engine:
             skip = [work.hint for work in self._busy.values() if work.slot == state.slot]
             skip += [hint for hint, (_, slot, _) in self._resting.items() if slot == state.slot]
         skip += paused_hints
+        skip += self.committer.unrecordable_hints(state.slot)  # called once; the outcome could not be recorded
         with self._horizon_lock:
             passed_over = overdue(self._pins, now, self.settings.order.max_wait.total_seconds())
             reuse = self._clean_reading
