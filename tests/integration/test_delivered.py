@@ -512,3 +512,39 @@ def test_a_transactional_delivery_is_stamped_when_it_ended_not_when_its_transact
     record = store.messages_get(row)
     assert record is not None and record.delivery is not None
     assert record.delivery.finished_at >= ended[0]  # not the transaction's start, half a second before
+
+
+def test_a_transactional_call_whose_term_ends_during_it_is_taken_back_by_the_same_replica(store: Store) -> None:
+    """The term ends while the handler runs (a clock step, an operator ending the lease): nothing commits, and when
+    this replica takes the slot again it counts its own call of the ended term and delivers the message."""
+    effects_table(store)
+    holder = leaser(store, "a")
+    holder.run_once()
+    row = send(store, "order-1")
+    slot = store.messages_get(row).slot  # type: ignore[union-attr]
+    ended = []
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'x')"), {"m": message.id})
+        if not ended:  # the first call: its term ends meanwhile (from another session)
+            with store.engine.begin() as other:
+                other.execute(text("UPDATE correlation_lock SET lock_until = now() - interval '1 second' "
+                                   "WHERE name = :name"), {"name": f"slot:{slot}"})
+            ended.append(message.id)
+        return None
+
+    settings = Settings(poll={"interval": "PT1S"}, metrics={"enabled": False})
+    engine = Engine(store, Router({"*": TransactionalCorrelator(on_paid, "shop:on_paid")}), settings, holder,
+                    holder=holder.holder)
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.run_once()
+    assert ended == [row] and effects(store) == []  # rolled back
+    assert row not in engine.committer.in_flight()  # not kept as its own: the next term counts it
+    for _ in range(5):
+        holder.run_once()  # the slot again, under a new term
+        engine.run_once()
+        if effects(store):
+            break
+    assert effects(store) == [(row, "x")]
+    message = store.messages_get(row)
+    assert message is not None and message.state is MessageState.DELIVERED

@@ -1052,6 +1052,8 @@ class Lanes:
                             lane.unmark.extend(run[index:])
                             self._give_back(work, "its target refused the call")
                             return
+                        if status == "fenced":  # rolled back, its mark left under the ended term: the slot's next
+                            self.committer.settled(work.fence, [message.id])  # holder counts it (this one too)
                         lane.unmark.extend(run[index + 1 :] if status == "fenced" else run[index:])
                         if status == "busy":  # another session holds its row: not fetched again at once
                             work.rest = (None, ROW_HELD_REST)
