@@ -548,3 +548,27 @@ def test_a_transactional_call_whose_term_ends_during_it_is_taken_back_by_the_sam
     assert effects(store) == [(row, "x")]
     message = store.messages_get(row)
     assert message is not None and message.state is MessageState.DELIVERED
+
+
+def test_a_transactional_call_whose_database_session_is_lost_is_not_charged_and_goes_again(store: Store) -> None:
+    """A server restart, a failover or an operator ending sessions in the middle of the call: its transaction is
+    rolled back, which says nothing of the message; it is called again, no attempt charged."""
+    effects_table(store)
+    lost: list[int] = []
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'x')"), {"m": message.id})
+        if not lost:
+            lost.append(message.id)
+            connection.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))  # its session ends
+        return None
+
+    row = send(store, "order-1")
+    engine = engine_for(store, TransactionalCorrelator(on_paid, "shop:on_paid"))
+    engine.run_once()
+    message = store.messages_get(row)
+    assert lost == [row] and message is not None and message.attempt == 0 and message.last_error is None
+    wait_until(lambda: engine.run_once().correlated == 1 or effects(store) == [(row, "x")], "called again")
+    assert effects(store) == [(row, "x")]
+    message = store.messages_get(row)
+    assert message is not None and message.state is MessageState.DELIVERED

@@ -417,7 +417,7 @@ _THIS_TRANSACTION = text("SELECT pg_backend_pid(), now()")
 def _ended(connection: Connection, transaction: Any) -> bool:
     """Whether the transaction a handler was given is over (it is not the connection's any more, or the driver's
     session is outside any transaction)."""
-    if connection.closed or connection.invalidated:
+    if connection.closed:
         return True
     if connection.get_transaction() is not transaction or transaction is None or not transaction.is_active:
         return True
@@ -754,7 +754,8 @@ class CallStatements(LockStatements):
         and the slot's next holder delivers the message again); None means the call did not succeed, and
         everything, the handler's writes too, is rolled back (``failed``: the caller records the failure the
         usual way); ``ended`` when the handler ended the transaction itself (a commit, a rollback, a close, through
-        SQLAlchemy or the driver): its writes may have committed without the outcome. ``session`` is told the
+        SQLAlchemy or the driver): its writes may have committed without the outcome; ``unavailable`` when its session
+        was lost during the call (nothing committed). ``session`` is told the
         PostgreSQL backend running the transaction and when that transaction began (None once it is over), so that
         a call past its timeout can be ended from outside (:meth:`session_end`: that transaction only, never a
         later one on the same pooled connection).
@@ -776,6 +777,8 @@ class CallStatements(LockStatements):
                 return "gone"
             transaction = connection.get_transaction()
             outcome = disposition(connection)
+            if connection.invalidated:  # its session was lost (a restart, a failover): rolled back by the server
+                raise _Rollback("unavailable")
             if _ended(connection, transaction):  # the handler committed, rolled back or closed it
                 raise _Rollback("ended")
             if outcome is None:

@@ -58,13 +58,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from sqlalchemy.exc import DBAPIError
+
 from worker.config import Mode, Policy, Settings, format_duration
 from worker.correlators import Correlator, Router
 from worker.correlators.network import CallLoop, Destination, TargetBusy, TargetUnavailable, shared_loop
 from worker.correlators.python import TransactionalCorrelator
 from worker.db.base import Fence
 from worker.db.calls import CallSession
-from worker.db.errors import StoreError
+from worker.db.errors import DatabaseUnavailable, StoreError, connection_lost
 from worker.engine.committer import Committer, Latch, MarkTicket, Outcomes
 from worker.message import Message
 from worker.policy.batching import MAX_RUN, run_length
@@ -1040,7 +1042,7 @@ class Lanes:
                     )
                 with self.tracing.call(message) if self.tracing else _NO_SPAN as span:
                     error, result, status = yield message, self.router.route(message.name)
-                    if status in ("fenced", "busy", "gone", "held"):
+                    if status in ("fenced", "busy", "gone", "held", "unavailable"):
                         if span is not None:
                             span.outcome("not_called" if status != "held" else "held", error)
                         with self._lock:
@@ -1055,11 +1057,10 @@ class Lanes:
                         if status == "fenced":  # rolled back, its mark left under the ended term: the slot's next
                             self.committer.settled(work.fence, [message.id])  # holder counts it (this one too)
                         lane.unmark.extend(run[index + 1 :] if status == "fenced" else run[index:])
-                        if status == "busy":  # another session holds its row: not fetched again at once
-                            work.rest = (None, ROW_HELD_REST)
-                        self._give_back(
-                            work, "its slot's term ended" if status == "fenced" else "its row is held elsewhere"
-                        )
+                        if status in ("busy", "unavailable"):  # its row held elsewhere, or the database gone
+                            work.rest = (None, ROW_HELD_REST)  # mid-call (rolled back, not charged): a rest
+                        self._give_back(work, {"fenced": "its slot's term ended", "busy": "its row is held elsewhere",
+                                               "unavailable": "the database was lost during the call"}[status])
                         return
                     elapsed = self._monotonic() - started
                     disposition = (
@@ -1301,7 +1302,11 @@ class Lanes:
                 work.slot, work.fence, disposition, message.id, session=session
             )
         except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
+            if _database_lost(error):
+                return error, None, "unavailable"
             return failure[0] or error, None, "failed"
+        if status == "unavailable":  # its session was lost during the call: rolled back, nothing of the message's
+            return failure[0], None, status
         if status == "ended":  # its writes may have committed apart from the outcome: never called again
             return PermanentError(
                 "the transactional handler ended the worker's transaction (a commit, rollback or close): its writes "
@@ -1456,6 +1461,16 @@ class Lanes:
             self.committer.store.session_end(session)
         except StoreError as error:  # the session ends with its connection anyway; the outcome waits for it
             logger.warning("could not end the session of a call given up on: %s", error)
+
+
+def _database_lost(error: BaseException | None) -> bool:
+    """The connection of a transactional call was lost (a server restart, a failover, its session ended): its
+    transaction is rolled back, or committed with its outcome; it says nothing of the message."""
+    if isinstance(error, DatabaseUnavailable):
+        return True
+    if isinstance(error, StoreError):
+        return connection_lost(error)
+    return isinstance(error, DBAPIError) and bool(error.connection_invalidated)
 
 
 def answer_of(error: BaseException | None) -> Answer:
