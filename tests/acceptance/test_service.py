@@ -814,10 +814,37 @@ def test_an_outcome_the_database_refuses_to_record_is_called_once_and_shown_on_r
     base = endpoint(process)
     wait_until(lambda: http_get(base + "/readyz")[0] == 503, what="not ready", workers=[process])
     status, reason = http_get(base + "/readyz")
-    assert "could not be recorded" in reason and "audit: hint audited may not change" in reason
+    assert status == 503 and "could not be recorded" in reason and "audit: hint audited may not change" in reason
     assert len(lines(reason)) == 1, reason
     others = [pg_db.insert("order.paid", f"order-{n}", {}) for n in range(5)]
     wait_until(lambda: pg_db.gone(*others), what="the other hints correlated", workers=[process])
     time.sleep(1.0)  # five poll intervals: the refused hint is not fetched again meanwhile
     assert len(pg_db.calls_of(refused)) == 1
     assert http_get(base + "/healthz")[0] == 200
+
+
+def test_a_replica_frozen_in_a_transactional_call_lets_go_of_its_rows_within_the_lease_bound(
+    pg_db: Database, start_worker: StartWorker, start_replicas: Any
+) -> None:
+    """SIGSTOP in the middle of a transactional call: the server ends its session once it sat idle in the
+    transaction past the handler timeout, so that the slot's next holder calls the message after the lease,
+    not after the freeze; the effect is written once."""
+    pg_db.execute(EFFECT_TABLE_DDL)
+    route = json.dumps({"*": {"type": "python", "handler": "effects:apply", "transactional": True}})
+    settings = {"lease__duration": "PT6S", "lease__renew_interval": "PT1S", "lease__safety_margin": "PT0.5S",
+                "policy__handler_timeout": "PT3S", "correlators": route}
+    replicas = start_replicas(pg_db, 2, **settings)
+    row_id = pg_db.insert("order.paid", "order-1", {"sleep_seconds": 1})
+    wait_until(lambda: pg_db.execute("SELECT holder FROM correlation_call WHERE message_id = %s", (row_id,)),
+               what="the call under way", workers=replicas)
+    [call] = pg_db.execute("SELECT holder FROM correlation_call WHERE message_id = %s", (row_id,))
+    frozen = next(process for process in replicas if process.holder() == call["holder"])
+    other = next(process for process in replicas if process is not frozen)
+    frozen.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: pg_db.gone(row_id), what="the message delivered by the other replica", timeout=20,
+                   workers=[other])
+    finally:
+        frozen.process.send_signal(signal.SIGCONT)
+    [effect] = pg_db.execute("SELECT replica FROM shop_effect WHERE message = %s", (row_id,))
+    assert effect["replica"] == other.name

@@ -411,7 +411,11 @@ _TERM_RUNS = {
 }
 
 
-_THIS_TRANSACTION = text("SELECT pg_backend_pid(), now()")
+# The call's session and transaction; a session the client leaves idle in it longer than the call may take (a
+# frozen or cut-off replica) is ended by the server, which lets go of the call's and the message's rows.
+_THIS_TRANSACTION = text(
+    "SELECT pg_backend_pid(), now(), set_config('idle_in_transaction_session_timeout', :idle, true)"
+)
 
 
 def _ended(connection: Connection, transaction: Any) -> bool:
@@ -742,6 +746,7 @@ class CallStatements(LockStatements):
         message_id: int,
         *,
         session: Callable[[CallSession | None], None] = lambda pid: None,
+        idle_limit: float = 0.0,
     ) -> str:
         """Make one call inside the transaction that records its outcome (a transactional correlator).
 
@@ -758,14 +763,16 @@ class CallStatements(LockStatements):
         was lost during the call (nothing committed). ``session`` is told the
         PostgreSQL backend running the transaction and when that transaction began (None once it is over), so that
         a call past its timeout can be ended from outside (:meth:`session_end`: that transaction only, never a
-        later one on the same pooled connection).
+        later one on the same pooled connection). ``idle_limit``: seconds the server lets the session sit idle in
+        the transaction (the replica frozen, or cut off) before it ends it (PostgreSQL; 0: no limit).
         """
 
         key = {"id": message_id, "slot": slot, "fence": None if fence is None else fence.fence}
 
         def work(connection: Connection) -> str:
             if self.dialect == "postgresql":
-                row = connection.execute(_THIS_TRANSACTION).one()
+                idle = f"{max(0, round(idle_limit * 1000))}ms"  # 0: no limit
+                row = connection.execute(_THIS_TRANSACTION, {"idle": idle}).one()
                 session(CallSession(int(row[0]), row[1]))
             if fence is not None and connection.execute(_CALL_ONE[self.dialect], key).first() is None:
                 raise _Rollback("fenced")

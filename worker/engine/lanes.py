@@ -95,6 +95,7 @@ WATCH_TICK = 0.05  # seconds between the watchdog's looks at running calls, at l
 WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortest handler timeout in between
 NAMES_TIMED = 256  # message names whose smoothed call time sizes their runs: the most recently called
 NAMES_CACHED = 4096  # message names whose policy, timeout and destination are kept looked up (then looked up anew)
+IDLE_MARGIN = 1.0  # seconds past its handler timeout that a transactional call's session may sit idle (frozen)
 ROW_HELD_REST = 1.0  # seconds a hint rests whose message row another session holds (a transactional call)
 WAIT_LOOK = 0.5  # seconds between a waiting lane's looks at a stop (it is woken sooner by what it waits for)
 # Runs of the rotation marked ahead as a run starts (up to one per lane in all).
@@ -1299,7 +1300,8 @@ class Lanes:
 
         try:
             status = self.committer.store.calls_transact(
-                work.slot, work.fence, disposition, message.id, session=session
+                work.slot, work.fence, disposition, message.id, session=session,
+                idle_limit=self._timeout(message.name) + IDLE_MARGIN,  # past it the watchdog ended it, or it froze
             )
         except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
             if _database_lost(error):
