@@ -22,7 +22,7 @@ from types import FrameType
 
 from worker.admin.console import Console
 from worker.admin.routes import console_routes
-from worker.config import ConfigError, Settings, format_duration
+from worker.config import ConfigError, DatabaseSettings, Settings, format_duration
 from worker.correlators import Router
 from worker.correlators.network import call_loop_stacks
 from worker.db.base import sqlite_file
@@ -101,6 +101,23 @@ def replica_identity(name: str) -> str:
     return f"{name}-{secrets.token_hex(4)}"
 
 
+ENGINE_CONNECTIONS = 6  # the replica's own sessions at once beside its calls: fetchers, markers, committer, rounds
+
+
+def _pool_for(settings: Settings, router: Router) -> DatabaseSettings:
+    """The database settings, the pool grown to a connection per lane when a route is transactional: each such
+    call holds one for its length, and lanes waiting for one would time out (PostgreSQL; SQLite has one writer)."""
+    database = settings.database
+    needed = settings.poll.concurrency + ENGINE_CONNECTIONS
+    if not router.transactional() or not database.url.startswith("postgresql") or database.pool_size >= needed:
+        return database
+    logger.info(
+        "transactional route: the database pool holds %d connections (one per lane, and the replica's own) rather "
+        "than CORRELATION_DATABASE__POOL_SIZE=%d", needed, database.pool_size,
+    )
+    return database.model_copy(update={"pool_size": needed})
+
+
 class Worker:
     """One replica: polls, correlates, cleans up and serves metrics until told to stop."""
 
@@ -113,7 +130,6 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.replica_id = replica_id or replica_identity(settings.replica.name)
-        self.store = store or Store.from_settings(settings.database)
         self.metrics = metrics or Metrics()
         # Traces (the otel extra, OTEL_* variables): before the routes, whose HTTP client sessions it instruments.
         self.tracing = Tracing.from_environment(
@@ -122,6 +138,7 @@ class Worker:
         if self.tracing is not None:
             add_trace_ids(text=settings.log.format == "text")
         self.router = Router.from_settings(settings.correlators)
+        self.store = store or Store.from_settings(_pool_for(settings, self.router))
         self.heartbeat = Heartbeat()
         self._targets_shown: list[tuple[str, str, str, int]] | None = None  # the targets' states last written
         self._targets_written = 0.0

@@ -848,3 +848,21 @@ def test_a_replica_frozen_in_a_transactional_call_lets_go_of_its_rows_within_the
         frozen.process.send_signal(signal.SIGCONT)
     [effect] = pg_db.execute("SELECT replica FROM shop_effect WHERE message = %s", (row_id,))
     assert effect["replica"] == other.name
+
+
+def test_transactional_calls_on_every_lane_get_a_connection_each_with_the_default_pool(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    """Each transactional call holds a connection for its length: 16 lanes of them with the default pool (5 and
+    5 more) waited for connections past their handler timeout. The pool holds one per lane when a route is."""
+    pg_db.execute(EFFECT_TABLE_DDL)
+    route = json.dumps({"*": {"type": "python", "handler": "effects:apply", "transactional": True}})
+    process = start_worker(pg_db, correlators=route, poll__concurrency="16", policy__handler_timeout="PT1.5S")
+    for n in range(64):
+        pg_db.insert("order.paid", f"order-{n % 32}", {"sleep_seconds": 0.8})
+    wait_until(lambda: pg_db.execute("SELECT count(*) AS n FROM shop_effect")[0]["n"] == 64,
+               what="every effect", workers=[process], timeout=60)
+    wait_until(lambda: pg_db.gone(*[row["id"] for row in pg_db.execute("SELECT id FROM correlation_message")]),
+               what="every message recorded", workers=[process])
+    assert "did not return within" not in process.log(), process.log()[-3000:]
+    assert all(row["attempt"] == 0 for row in pg_db.execute("SELECT attempt FROM correlation_message"))

@@ -61,6 +61,12 @@ class Router:
                 found.setdefault(id(destination), destination)
         return list(found.values())
 
+    def transactional(self) -> bool:
+        """Whether a route calls its handler inside the recording transaction (it holds a connection a call)."""
+        from worker.correlators.python import TransactionalCorrelator
+
+        return any(isinstance(correlator, TransactionalCorrelator) for correlator in self._routes.values())
+
     def close(self) -> None:
         """Close the routes' connections."""
         for correlator in self._routes.values():
