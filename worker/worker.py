@@ -388,7 +388,7 @@ class Worker:
                 self.engine.start()
             while not self.stopping.is_set():  # the engine's fetch loop ticks the heartbeat meanwhile
                 self.stopping.wait(HEARTBEAT_SLICE)
-                trouble = self.sqlite_file_trouble() or self.engine.supervisor.failure()
+                trouble = self.sqlite_file_trouble() or self.engine.supervisor.failure() or self.engine.lanes.health()
                 if trouble is not None and not self.stopping.is_set():
                     logger.error("%s; stopping", trouble)
                     self.exit_code = 1
