@@ -572,3 +572,25 @@ def test_a_transactional_call_whose_database_session_is_lost_is_not_charged_and_
     assert effects(store) == [(row, "x")]
     message = store.messages_get(row)
     assert message is not None and message.state is MessageState.DELIVERED
+
+
+def test_a_transactional_handler_that_returns_past_its_timeout_is_rolled_back_as_a_timeout(any_store: Store) -> None:
+    """On SQLite nothing can end the call's session from outside: a handler that returns after its timeout must
+    not commit a delivery the watchdog has given up on; it is a timeout, its writes rolled back."""
+    effects_table(any_store)
+
+    def on_paid(message: Message, connection: Connection) -> object:
+        connection.execute(text("INSERT INTO shop_effect (message, note) VALUES (:m, 'x')"), {"m": message.id})
+        time.sleep(1.3)
+        return None
+
+    row = send(any_store, "order-1")
+    settings = Settings(poll={"interval": "PT1S"}, policy={"handler_timeout": "PT1S"}, metrics={"enabled": False})
+    engine = Engine(any_store, Router({"*": TransactionalCorrelator(on_paid, "shop:on_paid")}), settings,
+                    AllSlots(any_store.slot_count))
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    engine.run_once()
+    message = any_store.messages_get(row)
+    assert message is not None and message.state is MessageState.READY and message.attempt == 1, message
+    assert "did not return within" in (message.last_error or "")
+    assert effects(any_store) == []

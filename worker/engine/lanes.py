@@ -1281,11 +1281,19 @@ class Lanes:
         failure: list[BaseException | None] = [None]
         answer: list[str | None] = [None]
 
+        timeout = self._timeout(message.name)
+
         def disposition(connection: object) -> Disposition | None:
+            started = self._monotonic()
             try:
                 returned = correlator.function(message, connection)
             except BaseException as error:  # any handler exception is an outcome, never a crash
                 failure[0] = error
+                return None
+            if self._monotonic() - started > timeout:  # past its timeout (a session that could not be ended from
+                failure[0] = HandlerTimeout(  # outside: SQLite): rolled back, recorded as the timeout it was
+                    f"the correlator did not return within {format_duration(timedelta(seconds=timeout))}"
+                )
                 return None
             outcome = interpret_return(returned)
             if outcome is not None:
@@ -1301,7 +1309,7 @@ class Lanes:
         try:
             status = self.committer.store.calls_transact(
                 work.slot, work.fence, disposition, message.id, session=session,
-                idle_limit=self._timeout(message.name) + IDLE_MARGIN,  # past it the watchdog ended it, or it froze
+                idle_limit=timeout + IDLE_MARGIN,  # past it the watchdog ended it, or the replica froze
             )
         except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
             if _database_lost(error):
