@@ -594,3 +594,26 @@ def test_a_transactional_handler_that_returns_past_its_timeout_is_rolled_back_as
     assert message is not None and message.state is MessageState.READY and message.attempt == 1, message
     assert "did not return within" in (message.last_error or "")
     assert effects(any_store) == []
+
+
+def test_a_message_hint_cannot_change_while_it_is_being_called(any_store: Store) -> None:
+    """The hint decides the slot and the replica: moved during its call, the message would be called by one
+    replica while another calls the new hint's messages. Refused while its call is marked; free after."""
+    row = send(any_store, "order-1")
+    with any_store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state) "
+                 "VALUES (:id, 1, 1, 'replica-a', :id, 'called')"), {"id": row},
+        )
+    with pytest.raises(Exception, match="correlation_message_hint_kept"), any_store.engine.begin() as connection:
+        connection.execute(text("UPDATE correlation_message SET correlation_hint = 'order-2' WHERE id = :id"),
+                           {"id": row})
+    with any_store.engine.begin() as connection:  # other columns may change; the hint set to itself too
+        connection.execute(text("UPDATE correlation_message SET correlation_hint = 'order-1', payload = '{}' "
+                                "WHERE id = :id"), {"id": row})
+        connection.execute(text("DELETE FROM correlation_call WHERE message_id = :id"), {"id": row})
+    with any_store.engine.begin() as connection:
+        connection.execute(text("UPDATE correlation_message SET correlation_hint = 'order-2' WHERE id = :id"),
+                           {"id": row})
+    message = any_store.messages_get(row)
+    assert message is not None and message.hint == "order-2"
