@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.exc import IntegrityError
 
 from tests.conftest import left, stop_at_teardown
 from tests.integration.test_engine import watched
@@ -659,7 +660,7 @@ def test_a_term_taken_again_by_the_same_replica_starts_no_call_of_the_ended_term
     assert metrics.redeliveries._value.get() == 0 and holder.fence(slot) == new
 
 
-def test_a_message_whose_hint_is_changed_while_its_call_runs_is_not_called_again_meanwhile(store: Store) -> None:
+def test_a_message_whose_hint_a_session_changes_while_its_call_runs_is_refused_and_called_once(store: Store) -> None:
     holder = leaser(store, "a")
     holder.run_once()
     moved = send(store, "order-1")
@@ -678,7 +679,8 @@ def test_a_message_whose_hint_is_changed_while_its_call_runs_is_not_called_again
     stop_at_teardown(lambda: engine.stop(grace=0))
     engine.start()
     assert in_call.wait(10)
-    with store.engine.begin() as connection:  # a session moves the message to another hint mid-call
+    with pytest.raises(IntegrityError, match="correlation_message_hint_kept"), store.engine.begin() as connection:
+        # a session moving the message to another hint mid-call is refused (schema revision 0015)
         connection.execute(text("UPDATE correlation_message SET correlation_hint = 'elsewhere' WHERE id = :id"),
                            {"id": moved})
     engine.wake()
