@@ -788,9 +788,12 @@ class Lanes:
                 return room
             waiter = asyncio.get_running_loop().create_future()
             with self._lock:
-                self._parked.setdefault(destination.key, deque()).append(waiter)
+                waiting = self._parked.setdefault(destination.key, deque())
+                waiting.append(waiter)
             with suppress(TimeoutError):
                 await asyncio.wait_for(waiter, WAIT_LOOK)
+            with self._lock, suppress(ValueError):  # not woken (a look at a stop): out of the queue, asks again
+                waiting.remove(waiter)
 
     def _hand_over_marked_back(self, lane: _Lane, ahead: _Ahead) -> None:
         """A run marked ahead whose target will not take it now (or the replica stops): its marks are taken back,
