@@ -118,6 +118,18 @@ def _pool_for(settings: Settings, router: Router) -> DatabaseSettings:
     return database.model_copy(update={"pool_size": needed})
 
 
+def _lanes_for(settings: Settings, router: Router, dialect: str) -> Settings:
+    """On SQLite a transactional call holds the file's one write lock for its length: the lanes beside it would
+    wait for it past their handler timeouts, so a replica with a transactional route makes one call at a time."""
+    if dialect != "sqlite" or not router.transactional() or settings.poll.concurrency <= 1:
+        return settings
+    logger.info(
+        "transactional route on SQLite: one call at a time (CORRELATION_POLL__CONCURRENCY=%d is for PostgreSQL: "
+        "a transactional call holds SQLite's one write lock)", settings.poll.concurrency,
+    )
+    return settings.model_copy(update={"poll": settings.poll.model_copy(update={"concurrency": 1})})
+
+
 class Worker:
     """One replica: polls, correlates, cleans up and serves metrics until told to stop."""
 
@@ -139,6 +151,7 @@ class Worker:
             add_trace_ids(text=settings.log.format == "text")
         self.router = Router.from_settings(settings.correlators)
         self.store = store or Store.from_settings(_pool_for(settings, self.router))
+        settings = self.settings = _lanes_for(settings, self.router, self.store.dialect)
         self.heartbeat = Heartbeat()
         self._targets_shown: list[tuple[str, str, str, int]] | None = None  # the targets' states last written
         self._targets_written = 0.0

@@ -866,3 +866,20 @@ def test_transactional_calls_on_every_lane_get_a_connection_each_with_the_defaul
                what="every message recorded", workers=[process])
     assert "did not return within" not in process.log(), process.log()[-3000:]
     assert all(row["attempt"] == 0 for row in pg_db.execute("SELECT attempt FROM correlation_message"))
+
+
+def test_a_transactional_route_on_sqlite_makes_one_call_at_a_time_and_charges_no_timeout(
+    sqlite_db: Database, start_worker: StartWorker
+) -> None:
+    """A transactional call holds SQLite's one write lock for its length: lanes beside it waited for it past their
+    handler timeouts and were charged. The replica makes one call at a time, and says so."""
+    sqlite_db.execute(EFFECT_TABLE_DDL)
+    route = json.dumps({"*": {"type": "python", "handler": "effects:apply", "transactional": True}})
+    process = start_worker(sqlite_db, correlators=route, poll__concurrency="4", policy__handler_timeout="PT1.5S")
+    for n in range(6):
+        sqlite_db.insert("order.paid", f"order-{n}", {"sleep_seconds": 0.8})
+    wait_until(lambda: sqlite_db.execute("SELECT count(*) AS n FROM shop_effect")[0]["n"] == 6,
+               what="every effect", workers=[process], timeout=60)
+    assert "did not return within" not in process.log(), process.log()[-3000:]
+    assert all(row["attempt"] == 0 for row in sqlite_db.execute("SELECT attempt FROM correlation_message"))
+    assert "transactional route on SQLite: one call at a time" in process.log()
