@@ -151,3 +151,47 @@ def render(chart: Any, load_yaml: Callable[[str], list[Any]]) -> Callable[..., l
         return manifests
 
     return render_manifests
+
+
+# --- Metric names -------------------------------------------------------------------------------------------
+
+_SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("", "_sum", "_count"),
+    "info": ("_info",),
+    "gauge": ("",),
+    "unknown": ("",),
+}
+# A metric name in a PromQL expression: an identifier not followed by "(" (a function), not a label name inside
+# braces, not a keyword. Only the worker's own families and the process collectors' are checked.
+_METRIC_PREFIXES = ("correlation_", "process_", "python_")
+
+
+def exported_sample_names() -> set[str]:
+    """Every sample name the worker's registry exports (`correlation_messages_total`, `…_bucket`, …)."""
+    from prometheus_client import CollectorRegistry
+
+    from worker.service.metrics import Metrics
+
+    metrics = Metrics(CollectorRegistry())
+    names: set[str] = set()
+    for family in metrics.registry.collect():
+        for suffix in _SAMPLE_SUFFIXES[family.type]:
+            names.add(family.name + suffix)
+    return names
+
+
+def metric_names_in(expression: str) -> set[str]:
+    """The names of the worker's metrics an expression selects (label values and strings left out)."""
+    import re
+
+    without_strings = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expression)
+    identifiers = re.findall(r"(?<![\w:])([a-zA-Z_:][\w:]*)(?!\s*\()", without_strings)
+    return {name for name in identifiers if name.startswith(_METRIC_PREFIXES)}
+
+
+@pytest.fixture(scope="session")
+def sample_names() -> set[str]:
+    """Every sample name the worker exports, to check rules' and panels' expressions against."""
+    return exported_sample_names()
