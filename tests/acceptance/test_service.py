@@ -47,6 +47,7 @@ DOCUMENTED = {
     "correlation_call_duration_seconds": "histogram",
     "correlation_busy_lanes": "gauge",
     "correlation_hung_calls": "gauge",
+    "correlation_handler_timeouts_total": "counter",
     "correlation_record_failures_total": "counter",
     "correlation_deferred_outcomes_total": "counter",
     "correlation_unrecordable_outcomes_total": "counter",

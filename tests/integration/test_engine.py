@@ -535,7 +535,8 @@ def test_hung_calls_keep_the_threads_bounded_and_make_the_engine_unhealthy_when_
     hung = [send(store, f"hung-{n}") for n in range(8)]
     started: list[int] = []
     calls = Calls(lambda message: (started.append(message.id), release.wait(30)))
-    run = engine(store, calls, settings(poll={"concurrency": 2}, policy={"handler_timeout": "PT0.3S"}))
+    metrics = Metrics()
+    run = engine(store, calls, settings(poll={"concurrency": 2}, policy={"handler_timeout": "PT0.3S"}), metrics)
     before = threading.active_count()
     try:
         run.start()
@@ -551,6 +552,8 @@ def test_hung_calls_keep_the_threads_bounded_and_make_the_engine_unhealthy_when_
         assert threading.active_count() - before <= 7 + 2, "no thread per timed-out call"
         stuck = [m for m in rows(store).values() if m.attempt == 1]
         assert all("did not return" in (m.last_error or "") for m in stuck)
+        timeouts = metrics.registry.get_sample_value("correlation_handler_timeouts_total", {"message_name": "order.paid"})
+        assert timeouts == len(stuck), "each timeout counted once, under its message name"
     finally:
         release.set()
     wait_until(lambda: run.health() is None, "healthy again once the calls returned")

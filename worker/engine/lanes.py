@@ -1097,6 +1097,8 @@ class Lanes:
                     else:
                         if isinstance(error, AuthProblem):
                             self.metrics.target_auth_failures.labels(message.name).inc()
+                        elif isinstance(error, HandlerTimeout):
+                            self.metrics.handler_timeouts.labels(message.name).inc()
                         _log_failure(message, disposition, error)
                         if self.mode is Mode.FAIL_FIRST:
                             lane.unmark.extend(run[index + 1 :])
@@ -1433,6 +1435,7 @@ class Lanes:
         error = HandlerTimeout(f"the correlator did not return within {format_duration(policy.handler_timeout)}")
         disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
         lane.done.append((message, disposition))
+        self.metrics.handler_timeouts.labels(message.name).inc()
         _log_failure(message, disposition, error)
         lane.unmark.extend(lane.unstarted())
         if lane.session is not None:  # a transactional call: its transaction ends first (it holds the call's row)

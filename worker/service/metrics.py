@@ -165,6 +165,13 @@ class Metrics:
         self.busy_lanes = Gauge(
             "correlation_busy_lanes", "Correlator calls running now (at most poll.concurrency).", registry=r
         )
+        self.handler_timeouts = Counter(
+            "correlation_handler_timeouts",
+            "Correlator calls that did not return within their handler timeout, by message name (each charged as "
+            "a failed attempt).",
+            ["message_name"],
+            registry=r,
+        )
         self.slot_progress_age = Gauge(
             "correlation_slot_progress_age_seconds",
             "Seconds since the held slot that has waited longest last drained or gave out work.",
