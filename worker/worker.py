@@ -169,6 +169,7 @@ class Worker:
         )
         self.leaser.in_use = self.engine.slots_in_use
         self.leaser.on_acquired = self.engine.acquired
+        self.leaser.on_renewed = self.engine.renewed
         self.listener = (
             Listener(settings.database, settings.notify, self.engine.wake, self.metrics)
             if settings.notify.enabled

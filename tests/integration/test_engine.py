@@ -552,7 +552,9 @@ def test_hung_calls_keep_the_threads_bounded_and_make_the_engine_unhealthy_when_
         assert threading.active_count() - before <= 7 + 2, "no thread per timed-out call"
         stuck = [m for m in rows(store).values() if m.attempt == 1]
         assert all("did not return" in (m.last_error or "") for m in stuck)
-        timeouts = metrics.registry.get_sample_value("correlation_handler_timeouts_total", {"message_name": "order.paid"})
+        timeouts = metrics.registry.get_sample_value(
+            "correlation_handler_timeouts_total", {"message_name": "order.paid"}
+        )
         assert timeouts == len(stuck), "each timeout counted once, under its message name"
     finally:
         release.set()
@@ -606,6 +608,44 @@ def test_no_call_starts_on_a_slot_whose_lease_could_end_before_the_call(store: S
     run.run_once()
     assert calls.ids() == [safe]
     assert rows(store)[endangered].attempt == 0, "left untouched for a replica whose lease lasts"
+
+
+class RenewableLeases(AllSlots):
+    """Every slot; the lease of ``short`` ends sooner than a call may take until ``renew`` is called, as a
+    renewal a few milliseconds late leaves it just under the handler timeout."""
+
+    def __init__(self, slot_count: int, short: int) -> None:
+        super().__init__(slot_count)
+        self.short: int | None = short
+
+    def renew(self) -> None:
+        self.short = None
+
+    def safe_for(self, slot: int, fence: Fence | None = None) -> float:
+        return 0.1 if slot == self.short else float("inf")
+
+
+def test_a_hint_given_back_for_a_short_lease_is_fetched_again_on_the_renewal_not_at_the_next_poll(
+    store: Store,
+) -> None:
+    """A lane refuses to start a call whose slot's term may end before the call could. The hint is given back;
+    the leases' round that renews the term (``Engine.renewed``) must fetch it again, or its message waits for the
+    next poll (a minute here) although nothing holds it back any more."""
+    message = send(store, "h")
+    slot = rows(store)[message].slot
+    source = RenewableLeases(store.slot_count, slot)
+    calls = Calls()
+    run = Engine(store, Router({"*": calls}), settings(poll={"interval": "PT60S"}), source)
+    stop_at_teardown(lambda: run.stop(grace=0))
+    run.start()
+    wait_until(lambda: slot in run._after_renewal, "the hint given back until its term is renewed")
+    assert calls.ids() == [] and rows(store)[message].attempt == 0, "untouched while the term is short"
+    source.renew()
+    renewed = time.monotonic()
+    run.renewed()  # as the leases' round calls it after renewing terms
+    wait_until(lambda: message in calls.ids(), "called once the term was renewed")
+    assert time.monotonic() - renewed < 2, "the message waited for the poll"
+    assert rows(store)[message].attempt == 0
 
 
 # -- wake-ups -------------------------------------------------------------------------------------------------

@@ -202,6 +202,20 @@ def test_a_dead_replicas_slots_are_taken_by_a_round_just_after_its_terms_end_eve
     rounds_until([survivor, replacement], lambda: balanced([survivor, replacement]))  # the shares come back
 
 
+def test_a_round_tells_the_engine_what_it_acquired_and_that_it_renewed_terms(store: Store) -> None:
+    """``on_acquired`` after a round that took slots (naming every slot held), ``on_renewed`` after one that
+    renewed terms: the engine fetches slots it left until a renewal (a term too short for a call) on it."""
+    one = leaser(store, "a")
+    acquired: list[tuple[int, ...]] = []
+    renewed: list[bool] = []
+    one.on_acquired = lambda slots: acquired.append(tuple(slots))
+    one.on_renewed = lambda: renewed.append(True)
+    one.run_once()
+    assert acquired == [tuple(range(S))] and renewed == []
+    one.run_once()
+    assert len(acquired) == 1 and renewed == [True]
+
+
 def test_a_released_slot_has_a_higher_fence_when_acquired_again(store: Store) -> None:
     first = leaser(store, "a")
     first.run_once()

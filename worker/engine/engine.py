@@ -225,6 +225,7 @@ class Engine:
         # Hints not fetched for a while: hint -> (until, its slot, the destination it waits for or None). After a
         # batch of batch_size, until the next poll; refused by its target, until it may be called again.
         self._resting: dict[str, tuple[float, int, str | None]] = {}
+        self._after_renewal: set[int] = set()  # slots to fetch once their terms are renewed
         self._tally: Counter[str] = Counter()
         self._pins = PinClock()
         self._horizon_lock = threading.Lock()  # the pin clock and the last reading, shared by the fetchers
@@ -314,6 +315,17 @@ class Engine:
                 self._cond.notify_all()
             else:
                 self._cond.notify(len(named))
+
+    def renewed(self) -> None:
+        """The leases' round renewed the terms: the slots whose hints were given back because their term might end
+        before a call could are fetched again now."""
+        now = self._monotonic()
+        with self._cond:
+            waiting, self._after_renewal = self._after_renewal, set()
+            for state in filter(None, map(self._slots.get, waiting)):
+                state.want(now)
+            if waiting:
+                self._cond.notify(len(waiting))
 
     def acquired(self, slots: Sequence[int]) -> None:
         """The leases' round acquired slots (``slots``: every slot held now): fetch them at once. They are not
@@ -888,6 +900,10 @@ class Engine:
                 key, seconds = work.rest
                 self._resting[work.hint] = (now + seconds, work.slot, key)
                 state.want(now + seconds)
+            elif work.lease_short and self.slot_source.safe_for(work.slot, state.fence) <= self._call_timeout:
+                self._after_renewal.add(work.slot)  # fetched again once its term is renewed (renewed())
+            elif work.lease_short:  # renewed meanwhile
+                state.want(now)
             elif resting:  # N per poll: the hint rests until the next one
                 self._resting[work.hint] = (now + self.interval, work.slot, None)
                 state.want(now + self.interval)

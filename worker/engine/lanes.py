@@ -193,6 +193,8 @@ class HintWork:
     called: int = 0
     # Its target refused or is open, or its row is held elsewhere: (the destination or None, seconds to rest)
     rest: tuple[str | None, float] | None = None
+    # Given back because its slot's term may end before a call could: fetched again once the term is renewed
+    lease_short: bool = False
 
 
 @dataclass(eq=False)
@@ -876,7 +878,7 @@ class Lanes:
     async def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> bool:
         """Mark a run and make it; True when its target had no room for it now (the hint is parked)."""
         if not self._lease_lasts(work, run[0]):
-            self._give_back(work, "its slot's lease may end before the call could")
+            self._give_back_until_renewed(work)
             return False
         if self._held_back(run[0]):
             self._give_back(work, "a durable pause holds it back", again=True)
@@ -941,7 +943,7 @@ class Lanes:
                     return
                 if not self._lease_lasts(work, run[0]):  # a run marked ahead waited for a lane meanwhile
                     lane.unmark.extend(run)
-                    self._give_back(work, "its slot's lease may end before the call could")
+                    self._give_back_until_renewed(work)
                     return
                 if not work.started:
                     work.started = self._monotonic()
@@ -1032,7 +1034,7 @@ class Lanes:
                 started = self._monotonic()
                 if index and self.leases.safe_for(work.slot, work.fence) <= timeout:
                     lane.unmark.extend(run[index:])
-                    self._give_back(work, "its slot's lease may end before the call could")
+                    self._give_back_until_renewed(work)
                     return
                 with self._lock:
                     # A network call ends itself at its timeout; the watchdog looks after the threads' calls.
@@ -1358,6 +1360,12 @@ class Lanes:
         logger.debug("hint %r left for later: %s", work.hint, why)
         work.pending.clear()
         work.again = work.again or again
+
+    def _give_back_until_renewed(self, work: HintWork) -> None:
+        """The slot's term may end before a call could (its renewal is due): the hint's slot is fetched again
+        once the term is renewed, not at the next poll."""
+        work.lease_short = True
+        self._give_back(work, "its slot's lease may end before the call could")
 
     def _observe(self, name: str, durations: Sequence[float]) -> None:
         """A run's call durations: into the histogram, and into the smoothed time that sizes later runs."""

@@ -191,6 +191,8 @@ class SlotLeaser:
         self.in_use: Callable[[], Collection[int]] = frozenset
         # Called after a round that acquired slots (the engine fetches them at once).
         self.on_acquired: Callable[[Sequence[int]], None] = lambda slots: None
+        # Called after a round that renewed terms (the engine fetches the slots it left for a renewal).
+        self.on_renewed: Callable[[], None] = lambda: None
         self._failing_since: float | None = None  # monotonic: the first of the rounds failing since
         self._failure = ""
         # Monotonic time at which the earliest term another replica holds ends unless renewed: a round then
@@ -315,6 +317,8 @@ class SlotLeaser:
                 held = len(self._leases)
             self.metrics.slots_held.set(held)
             result = LeaseRound(held, plan.target, len(others) + 1, acquired, renewed, lost, released)
+        if renewed:
+            self.on_renewed()
         if acquired:
             self.on_acquired(self.slots())
         if acquired or lost or released:
