@@ -192,6 +192,15 @@ def _status_table(shown: dict[str, Any]) -> str:
     if replicas:
         parts.append(_tabulate(sorted(replicas.items()), headers=["replica", "slots held"],
                               colalign=("left", "right")))
+    routing = shown["routing"]
+    if not routing["agree"]:
+        parts += ["", f"routes differ between replicas on {', '.join(routing['disputed'])}: messages of those names "
+                  "wait, uncharged, until every replica has the same routes",
+                  _tabulate([(r["replica"], r["routes"]) for r in routing["replicas"]],
+                            headers=["replica", "routes fingerprint"])]
+    for differ in routing["settings_differ"]:
+        parts += ["", f"{differ['setting']} differs between replicas:",
+                  _tabulate(sorted(differ["values"].items()), headers=["replica", "value"])]
     if shown["targets"]:
         parts += ["", "targets:", _tabulate(
             [(t["target"], t["replica"], t["circuit"], t["since"], t["concurrency_limit"], t["in_flight"],

@@ -35,7 +35,9 @@ from worker.engine.cleanup import Cleanup
 from worker.engine.engine import Engine
 from worker.engine.gauges import Gauges
 from worker.engine.leases import SingletonLock, SlotLeaseConfig, SlotLeaser
+from worker.engine.replicas import ReplicaBoard, cluster_settings
 from worker.engine.scheduler import Scheduler, SchedulerConfig
+from worker.policy.routing import route_digests
 from worker.redact import redact_url
 from worker.service.endpoint import Endpoint, Heartbeat
 from worker.service.metrics import Metrics
@@ -170,6 +172,12 @@ class Worker:
         self.leaser.in_use = self.engine.slots_in_use
         self.leaser.on_acquired = self.engine.acquired
         self.leaser.on_renewed = self.engine.renewed
+        # The replicas' routes and cluster-wide settings: a name the live replicas route differently waits.
+        self.board = ReplicaBoard(
+            self.store, self.replica_id, route_digests(self.router.describe()), cluster_settings(settings),
+            settings.lease.duration, self.metrics, on_look=self.engine.routes_seen,
+        )
+        self.engine.routing = self.board.routing  # nothing is called before the board's first look
         self.listener = (
             Listener(settings.database, settings.notify, self.engine.wake, self.metrics)
             if settings.notify.enabled
@@ -380,8 +388,12 @@ class Worker:
             self.store.slot_count,
             self.router.describe(),
         )
+        with contextlib.suppress(StoreError):  # else its first look in the background lets calls start
+            self.board.run_once()
         supervised = self.engine.supervisor.thread
         background = [
+            supervised(self._every, "replicas", "replicas", self.settings.lease.renew_interval,
+                       self.settings.lease.renew_interval, self.board.run_once, until=self.leases_done),
             supervised(self._every, "leases", "leases", timedelta(0), self.settings.lease.renew_interval,
                        self.leaser.run_once, until=self.leases_done, sooner=self.leaser.next_round_in),
             supervised(self._every, "cleanup", "cleanup", self.settings.cleanup.initial_delay,
@@ -420,6 +432,8 @@ class Worker:
             if self.router.destinations():
                 with contextlib.suppress(StoreError):  # else they age out
                     self.store.targets_record(self.replica_id, [])
+            with contextlib.suppress(StoreError):  # else it ages out, and names it routed differently wait until then
+                self.board.stop()
             if self.listener is not None:
                 self.listener.stop()
             for thread in background:

@@ -176,6 +176,25 @@ def deliver(store: Store, hint: str, message_id: str, result: object) -> int:
     return row_id
 
 
+def test_the_overview_says_when_replicas_route_or_run_cluster_settings_differently(
+    client: TestClient, store: Store
+) -> None:
+    from worker.db.replicas import ReplicaRow
+    from worker.policy.routing import route_digests
+
+    alike = route_digests({"order.paid": "shop:on_paid", "*": "log"})
+    store.replicas_record(ReplicaRow("replica-a", alike, {"delivery.retention": "P7D"}))
+    store.replicas_record(ReplicaRow("replica-b", alike, {"delivery.retention": "P7D"}))
+    log_in(client)
+    page = client.get("/ui/").text
+    assert 'id="routes-disputed"' not in page and "setting-differs" not in page
+    store.replicas_record(ReplicaRow("replica-c", route_digests({"*": "log"}), {"delivery.retention": "PT1S"}))
+    page = client.get("/ui/").text
+    banner = re.search(r'id="routes-disputed">([^<]*)', page)
+    assert banner is not None and "order.paid differently" in banner.group(1)
+    assert "CORRELATION_DELIVERY__RETENTION differs between replicas" in page and "PT1S" in page
+
+
 def test_the_overview_shows_the_targets_circuits(client: TestClient, store: Store) -> None:
     from worker.db.targets import TargetRow
 

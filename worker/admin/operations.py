@@ -14,7 +14,9 @@ from worker.admin.errors import AdminError
 from worker.config import Mode, format_duration
 from worker.db.store import MessageFilter, StateCounts, Store
 from worker.engine.leases import SLOT_PREFIX
+from worker.engine.replicas import REPLICAS_FRESH, setting_name
 from worker.message import Message, thaw
+from worker.policy.routing import resolve, routes_fingerprint
 
 __all__ = ["AdminError", "message_as_dict", "require_selection", "status"]
 
@@ -80,6 +82,35 @@ def status(store: Store) -> dict[str, Any]:
         "slots": store.slot_count,
         "slots_per_replica": dict(sorted(replicas.items())),
         "targets": targets(store),
+        "routing": routing(store),
+    }
+
+
+def routing(store: Store) -> dict[str, Any]:
+    """Whether the live replicas route alike and run the cluster-wide settings alike.
+
+    ``agree``: every live replica sends every message name where the others do. ``disputed``: the route keys (a
+    message name or ``*``) some replica routes differently: their messages wait, uncharged, until the replicas
+    agree. ``replicas``: each live replica with a fingerprint of its routes (alike routes, alike fingerprints).
+    ``settings_differ``: each cluster-wide setting (``CORRELATION_…``) run with different
+    values, by replica."""
+    rows = store.replicas_read(REPLICAS_FRESH)
+    keys = sorted({key for row in rows for key in row.routes})
+    disputed = [key for key in keys if len({resolve(row.routes, key) for row in rows}) > 1]
+    settings: dict[str, dict[str, str]] = {}
+    for row in rows:
+        for name, value in row.settings.items():
+            settings.setdefault(name, {})[row.replica] = value
+    return {
+        "agree": not disputed,
+        "disputed": disputed,
+        "replicas": [
+            {"replica": row.replica, "routes": routes_fingerprint(row.routes)} for row in rows
+        ],
+        "settings_differ": [
+            {"setting": setting_name(name), "values": values}
+            for name, values in sorted(settings.items()) if len(set(values.values())) > 1
+        ],
     }
 
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from worker.admin.errors import BadRequest
-from worker.admin.operations import targets
+from worker.admin.operations import routing, targets
 from worker.config import Mode
 from worker.db.store import Store
 from worker.engine.leases import MEMBER_PREFIX, SLOT_PREFIX
@@ -104,7 +104,8 @@ def overview(
     (``waiting``: ready, due later; ``expired``: past ``expires_at``). ``oldest_eligible_age_seconds``: how long
     the oldest message that could be correlated now has waited (a lower bound past a few hints per slot).
     ``throughput``: see :class:`Throughput`. ``replicas``: live replicas, their slots and earliest lease expiry.
-    ``targets``: the network targets' circuits as each replica sees them. ``scheduler``: whether the
+    ``targets``: the network targets' circuits as each replica sees them. ``routing``: whether the replicas route
+    alike (see :func:`~worker.admin.operations.routing`). ``scheduler``: whether the
     cluster-wide switch of the schedules is on.
     """
     census = store.console_census(count_limit)
@@ -114,13 +115,17 @@ def overview(
     if throughput is not None:
         rates = throughput.observe(correlated() if correlated is not None else None, store.messages_last_id())
     pauses = store.pauses_list()
+    routes = routing(store)
+    fingerprints = {entry["replica"]: entry["routes"] for entry in routes["replicas"]}
+    live = [{**entry, "routes": fingerprints.get(entry["replica"])} for entry in replicas(store)]
     return {
         "messages": {name: count.shown() for name, count in census.counts.items()},
         "count_limit": count_limit,
         "oldest_eligible_age_seconds": None if age is None else round(age, 3),
         "throughput": rates,
-        "replicas": replicas(store),
+        "replicas": live,
         "targets": targets(store),
+        "routing": routes,
         "slots": store.slot_count,
         "pauses": len(pauses),
         "paused_everything": any(pause.scope == "all" for pause in pauses),

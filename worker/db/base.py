@@ -51,6 +51,7 @@ _PRIVILEGES = (
     *(("correlation_session_end", p) for p in ("SELECT", "INSERT", "DELETE")),
     *(("correlation_sample", p) for p in ("SELECT", "INSERT", "DELETE")),
     *(("correlation_target", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    *(("correlation_replica", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
     ("correlation_pause", "SELECT"),
     *(("correlation_schedule", p) for p in ("SELECT", "UPDATE")),
 )

@@ -208,6 +208,15 @@ target_table = Table(
     Column("seen_at", UtcDateTime, nullable=False),
 )
 
+replica_table = Table(
+    "correlation_replica",
+    metadata,
+    Column("replica", Text, primary_key=True),
+    Column("routes", Text, nullable=False),
+    Column("settings", Text, nullable=False),
+    Column("seen_at", UtcDateTime, nullable=False),
+)
+
 sample_table = Table(
     "correlation_sample",
     metadata,
@@ -248,7 +257,7 @@ def alembic_config(connection: Connection | None = None, url: str | None = None)
 # The newest migration shipped with this version (schema/versions/), written down so that a replica compares the
 # database's revision with it at every start without reading the scripts through alembic (importing it took about
 # a tenth of the time from starting the process to its first call); a test checks it against alembic's reading.
-SCHEMA_HEAD = "0015"
+SCHEMA_HEAD = "0016"
 
 
 def head_revision() -> str:

@@ -35,6 +35,7 @@ from worker.db.errors import (
 from worker.db.fetch import FetchStatements
 from worker.db.locks import HOLDER_MAX_LENGTH, LockStatements
 from worker.db.messages import MessageStatements
+from worker.db.replicas import ReplicaStatements
 from worker.db.samples import SampleStatements
 from worker.db.schedules import ScheduleStatements
 from worker.db.schedules import metadata as schedule_metadata
@@ -47,7 +48,7 @@ _TEXT_TABLES = {"correlation_session_end": ("nonce_digest", "expires_at")}
 
 class Store(
     ConsoleStatements, MessageStatements, FetchStatements, CallStatements, LockStatements, ScheduleStatements,
-    SampleStatements, TargetStatements,
+    SampleStatements, TargetStatements, ReplicaStatements,
 ):
     """Every statement correlation-worker runs, on one engine."""
 

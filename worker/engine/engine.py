@@ -54,11 +54,12 @@ from worker.db.fetch import Candidates, Fetched, FetchMark, HorizonReading, Paus
 from worker.db.rows import Unreadable
 from worker.db.store import Store
 from worker.engine.committer import Committer
-from worker.engine.lanes import DatabaseClock, HintWork, Lanes
+from worker.engine.lanes import ROUTES_KEY, DatabaseClock, HintWork, Lanes
 from worker.message import Message
 from worker.policy.batching import cut_batch, next_cursor
 from worker.policy.horizon import Horizon, Pin, PinClock, horizon, overdue
 from worker.policy.outcomes import LostCallOutcome, settle_lost_call
+from worker.policy.routing import Routing
 from worker.service.metrics import Metrics
 from worker.service.tracing import Tracing
 from worker.supervise import Supervisor
@@ -211,10 +212,14 @@ class Engine:
         self._tick = tick  # liveness: the fetch loop calls it at least every second
         self.clock = DatabaseClock(monotonic)
         self.supervisor = Supervisor()  # its threads, and the worker's: one that dies stops the replica
+        # Whether the live replicas agree on a message name's route (replaced by the replicas' board at each look;
+        # alone, it agrees on every name).
+        self.routing = Routing({})
         self.committer = Committer(store, self.metrics, self._lease_lost, monotonic)
         self.lanes = Lanes(
             router, settings, self.committer, slots, self.metrics, self.clock, self._finished,
-            on_taken=self._room, monotonic=monotonic, held_back=self.held_back, tracing=tracing,
+            on_taken=self._room, monotonic=monotonic, held_back=self.held_back,
+            agreed=lambda name: self.routing.agrees(name), tracing=tracing,
             on_target_ready=self._target_ready,
         )
         self._cond = threading.Condition()
@@ -817,6 +822,14 @@ class Engine:
     def _prune_rests(self, now: float) -> None:
         for hint in [hint for hint, (until, _, _) in self._resting.items() if until <= now]:
             del self._resting[hint]
+
+    def routes_seen(self, routing: Routing, changed: bool) -> None:
+        """The replicas' board looked: calls follow ``routing`` from now on; when the live replicas' routes
+        changed, the hints held back for a name routed differently are fetched again (those still routed
+        differently rest again)."""
+        self.routing = routing
+        if changed:
+            self._target_ready(ROUTES_KEY)
 
     def _target_ready(self, key: str) -> None:
         """A destination's circuit closed: the hints resting for it are fetched again now."""

@@ -97,6 +97,10 @@ NAMES_TIMED = 256  # message names whose smoothed call time sizes their runs: th
 NAMES_CACHED = 4096  # message names whose policy, timeout and destination are kept looked up (then looked up anew)
 IDLE_MARGIN = 1.0  # seconds past its handler timeout that a transactional call's session may sit idle (frozen)
 ROW_HELD_REST = 1.0  # seconds a hint rests whose message row another session holds (a transactional call)
+# A hint whose message name the live replicas route differently rests until they agree (the board then fetches it
+# again at once; this bounds the rest should that wake-up be missed).
+ROUTES_REST = 30.0
+ROUTES_KEY = "\x00routes"  # what such a hint rests for, in the place of a destination's key
 WAIT_LOOK = 0.5  # seconds between a waiting lane's looks at a stop (it is woken sooner by what it waits for)
 # Runs of the rotation marked ahead as a run starts (up to one per lane in all).
 AHEAD_PER_RUN = 2
@@ -263,6 +267,7 @@ class Lanes:
         on_taken: Callable[[], None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
         held_back: Callable[[Message], bool] = lambda message: False,
+        agreed: Callable[[str], bool] = lambda name: True,
         tracing: Tracing | None = None,
         on_target_ready: Callable[[str], None] = lambda key: None,
         call_loop: CallLoop | None = None,
@@ -280,6 +285,7 @@ class Lanes:
         self._on_taken = on_taken  # a lane took a hint: there is room in the rotation
         self._on_target_ready = on_target_ready  # a destination's circuit closed: its resting hints may go
         self._held_back = held_back  # a durable pause holds this message back now
+        self._agreed = agreed  # every live replica routes this message name as this one does
         self._monotonic = monotonic
         self.call_loop = call_loop or shared_loop()
         self.concurrency = settings.poll.concurrency
@@ -883,6 +889,9 @@ class Lanes:
         if self._held_back(run[0]):
             self._give_back(work, "a durable pause holds it back", again=True)
             return False
+        if not self._agreed(run[0].name):
+            self._hold_for_routes(work)
+            return False
         destination = self._destination(run[0].name)
         room = None
         if destination is not None:
@@ -1030,6 +1039,10 @@ class Lanes:
                 if self._held_back(message):  # paused since the fetch: it waits, in order, for the lift
                     lane.unmark.extend(run[index:])
                     self._give_back(work, "a durable pause holds it back", again=True)
+                    return
+                if not self._agreed(message.name):  # a replica routing its name differently joined
+                    lane.unmark.extend(run[index:])
+                    self._hold_for_routes(work)
                     return
                 started = self._monotonic()
                 if index and self.leases.safe_for(work.slot, work.fence) <= timeout:
@@ -1360,6 +1373,13 @@ class Lanes:
         logger.debug("hint %r left for later: %s", work.hint, why)
         work.pending.clear()
         work.again = work.again or again
+
+    def _hold_for_routes(self, work: HintWork) -> None:
+        """The live replicas route the hint's next message name differently: no call, no attempt; the hint rests
+        until they agree."""
+        self.metrics.route_holds.inc()
+        work.rest = (ROUTES_KEY, ROUTES_REST)
+        self._give_back(work, "the live replicas route its message name differently")
 
     def _give_back_until_renewed(self, work: HintWork) -> None:
         """The slot's term may end before a call could (its renewal is due): the hint's slot is fetched again

@@ -150,6 +150,23 @@ class Metrics:
             "Calls a network target may have in flight from this replica now (lowered by back-pressure).",
             ["target"], registry=r,
         )
+        self.replicas_routing_differently = Gauge(
+            "correlation_replicas_routing_differently",
+            "Live replicas whose routes differ from this replica's: messages of the names they route differently "
+            "wait, uncharged, until the replicas agree.",
+            registry=r,
+        )
+        self.route_holds = Counter(
+            "correlation_route_holds",
+            "Calls held back because the live replicas route their message name differently (no attempt charged).",
+            registry=r,
+        )
+        self.settings_differing = Gauge(
+            "correlation_cluster_settings_differing",
+            "Cluster-wide settings (delivery retention, leases, policies, ...) another live replica runs with a "
+            "different value.",
+            registry=r,
+        )
         self.batch_duration = Histogram(
             "correlation_batch_duration_seconds",
             "Time to correlate one batch (the messages of one hint taken in one page).",

@@ -1,0 +1,24 @@
+"""What each replica routes and the settings it runs with (``correlation_replica``).
+
+The DDL is in ``schema/ddl/0016_<dialect>.sql``.
+
+Revision ID: 0016
+Revises: 0015
+"""
+
+from __future__ import annotations
+
+from worker.migrations.sqlfiles import apply
+
+revision = "0016"
+down_revision = "0015"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    apply(revision)
+
+
+def downgrade() -> None:
+    raise NotImplementedError("revision 0016 cannot be undone; restore a backup taken before the upgrade")
