@@ -172,6 +172,7 @@ class Worker:
         self.leaser.in_use = self.engine.slots_in_use
         self.leaser.on_acquired = self.engine.acquired
         self.leaser.on_renewed = self.engine.renewed
+        self.leaser.fetched_under = self.engine.fetched_under
         # The replicas' routes and cluster-wide settings: a name the live replicas route differently waits.
         self.board = ReplicaBoard(
             self.store, self.replica_id, route_digests(self.router.describe()), cluster_settings(settings),

@@ -648,6 +648,19 @@ def test_a_hint_given_back_for_a_short_lease_is_fetched_again_on_the_renewal_not
     assert rows(store)[message].attempt == 0
 
 
+def test_a_slot_counts_as_fetched_under_its_term_once_a_fetch_of_it_ended(store: Store) -> None:
+    message = send(store, "h")
+    slot = rows(store)[message].slot
+    source = AllSlots(store.slot_count)
+    run = Engine(store, Router({"*": Calls()}), settings(), source)
+    stop_at_teardown(lambda: run.stop(grace=0))
+    fence = source.terms()[slot]  # None: an engine without leases
+    assert not run.fetched_under(slot, fence), "not followed yet"
+    run.run_once()
+    assert run.fetched_under(slot, fence)
+    assert not run.fetched_under(slot, Fence("slot:x", "other", 99)), "another term"
+
+
 # -- wake-ups -------------------------------------------------------------------------------------------------
 
 

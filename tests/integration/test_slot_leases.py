@@ -216,6 +216,24 @@ def test_a_round_tells_the_engine_what_it_acquired_and_that_it_renewed_terms(sto
     assert len(acquired) == 1 and renewed == [True]
 
 
+def test_a_surplus_slot_is_handed_back_only_once_the_engine_fetched_it_under_its_term(store: Store) -> None:
+    """A slot just taken over (a dead replica's, say) holds work that waited for its lapse: it is handed back to
+    balance the cluster only once this replica's engine fetched it, so that work is called here rather than made to
+    wait for the hand-back and the next holder's round."""
+    a, b = leaser(store, "a"), leaser(store, "b")
+    fetched: set[int] = set()
+    a.fetched_under = lambda slot, fence: slot in fetched
+    a.run_once()  # alone: takes every slot
+    b.run_once()  # joins, short of its share
+    for _ in range(3):
+        a.run_once()
+    assert len(a.slots()) == S, "nothing handed back before it was fetched"
+    fetched.update(range(0, S, 2))  # half the slots fetched
+    rounds_until([a, b], lambda: counts([a, b]) == [32, 32])
+    assert set(b.slots()) <= set(range(0, S, 2)), "only fetched slots were handed back"
+    assert_partition([a, b])
+
+
 def test_a_released_slot_has_a_higher_fence_when_acquired_again(store: Store) -> None:
     first = leaser(store, "a")
     first.run_once()

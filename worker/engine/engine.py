@@ -175,6 +175,8 @@ class _Slot:
     quiet: bool = False
     # Its next fetch reads the commit-order horizon itself (it found work a reused reading may not have covered)
     fresh_horizon: bool = False
+    # A fetch of it ended under this term: what waited in it when it was taken is in the lanes (or was not there)
+    fetched_once: bool = False
 
     def want(self, at: float) -> None:
         """Fetch no later than ``at`` (a fetch under way keeps this for when it ends)."""
@@ -346,6 +348,14 @@ class Engine:
         with self._cond:
             busy = {work.slot for work in self._busy.values()}
         return busy | self.lanes.slots_in_use()
+
+    def fetched_under(self, slot: int, fence: Fence | None) -> bool:
+        """Whether a fetch of the slot ended under this term: a slot just taken over is handed back to balance
+        the cluster only then, so that the work that waited in it is called by this replica, not made to wait for
+        the hand-back and the next holder's round."""
+        with self._cond:
+            state = self._slots.get(slot)
+            return state is not None and state.fence == fence and state.fetched_once
 
     def health(self) -> str | None:
         """Why the engine cannot do its job (None when it can)."""
@@ -560,6 +570,7 @@ class Engine:
                 adopted = self._adopt(state)
                 state.adopt_again_at = started + max(self.interval, ADOPT_SWEEP)
             self._fetch_work(state)
+            state.fetched_once = True
             state.delay = ERROR_FIRST
         except LeaseLost:
             self.slot_source.lost(state.slot, state.fence)

@@ -191,6 +191,8 @@ class SlotLeaser:
         self.in_use: Callable[[], Collection[int]] = frozenset
         # Called after a round that acquired slots (the engine fetches them at once).
         self.on_acquired: Callable[[Sequence[int]], None] = lambda slots: None
+        # Whether the engine fetched a slot under a term (a slot is handed back only once it did).
+        self.fetched_under: Callable[[int, Fence], bool] = lambda slot, fence: True
         # Called after a round that renewed terms (the engine fetches the slots it left for a renewal).
         self.on_renewed: Callable[[], None] = lambda: None
         self._failing_since: float | None = None  # monotonic: the first of the rounds failing since
@@ -311,7 +313,7 @@ class SlotLeaser:
             lapsed = self.store.locks_count_lapsed(SLOT_PREFIX)
             plan = balance(self.slot_count, self.holder, self._kept_slots(), others, lapsed)
             acquired += self._acquire(plan.acquire)
-            self._start_draining(plan.hand_back)
+            self._start_draining(self._fetched(plan.hand_back))
             released += self._release_drained()
             with self._state:
                 held = len(self._leases)
@@ -379,11 +381,15 @@ class SlotLeaser:
     # -- the steps of a round -------------------------------------------------------------------------------
 
     def _kept_slots(self) -> list[int]:
-        """The slots kept (not being handed back), newest terms first: a hand-back takes the last ones, held
-        longest, and leaves a slot just taken over (its waiting work not fetched yet) where it is."""
+        """The slots kept (not being handed back), those the engine has not fetched under their terms first, then
+        newest terms first: a hand-back takes the last ones, fetched and held longest, and leaves a slot just taken
+        over (its waiting work not fetched yet) where it is."""
         with self._state:
-            kept = [lease for lease in self._leases.values() if lease.draining_since is None]
-        return [lease.slot for lease in sorted(kept, key=lambda lease: (-lease.acquired_at, lease.slot))]
+            kept = [(lease.slot, lease.fence, lease.acquired_at) for lease in self._leases.values()
+                    if lease.draining_since is None]
+        # The engine is asked outside the leases' lock (it asks the leases under its own).
+        order = {slot: (self.fetched_under(slot, fence), -acquired_at, slot) for slot, fence, acquired_at in kept}
+        return sorted(order, key=order.__getitem__)
 
     def _renew(self) -> tuple[int, int]:
         with self._state:
@@ -472,6 +478,13 @@ class SlotLeaser:
                 assert slot is not None
                 self._leases[slot] = _Lease(slot, fence, sent + self._safe_for, acquired_at=sent)
         self.metrics.lease_acquisitions.inc(len(fences))
+
+    def _fetched(self, slots: Sequence[int]) -> list[int]:
+        """The slots the engine has fetched under their terms: a surplus slot not fetched yet (just taken over,
+        its waiting work not called) goes back at a later round."""
+        with self._state:
+            terms = [(slot, self._leases[slot].fence) for slot in slots if slot in self._leases]
+        return [slot for slot, fence in terms if self.fetched_under(slot, fence)]
 
     def _start_draining(self, slots: Sequence[int]) -> None:
         now = self._monotonic()
