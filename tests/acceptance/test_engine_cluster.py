@@ -33,7 +33,7 @@ LEASE_LOSSES = "correlation_lease_losses_total"
 FENCED_COMMITS = "correlation_fenced_commits_total"
 
 
-def test_a_message_whose_call_kills_the_process_is_dead_after_poison_after_crashes_and_no_other_suffers(
+def test_a_message_whose_call_kills_the_process_is_dead_after_poison_after_crashes_alone_and_no_other_suffers(
     pg_db: Database, start_worker: StartWorker
 ) -> None:
     settings = {**FAST_LEASES, "policy__poison_after": "3"}
@@ -51,12 +51,13 @@ def test_a_message_whose_call_kills_the_process_is_dead_after_poison_after_crash
             break
         worker.killed = True  # it ended itself: exempt from the clean-exit check
         crashes += 1
-        assert crashes <= 3, "still crashing after poison_after crashes"
+        assert crashes <= 4, "still crashing after poison_after crashes of calls made alone"
     row = pg_db.message(poison)
     assert row is not None and row["state"] == "dead" and row["crashed_calls"] == 3
+    assert row["lost_calls"] == 4, "the first crash, beside other calls, counted lost only"
     assert "poison" in (row["last_error"] or "")
     calls = by_message(pg_db.calls())
-    assert len(calls[poison]) == 3, "delivered once, then again after each of the first two crashes"
+    assert len(calls[poison]) == 4, "called beside others once, then alone until poison_after crashes"
     wait_until(lambda: pg_db.gone(*others), what="the other hints correlated", workers=[worker])
     untouched = pg_db.message(behind)  # it may have shared the poison message's mark: lost, never a crash
     assert untouched is not None and (untouched["attempt"], untouched["crashed_calls"]) == (0, 0)

@@ -102,7 +102,10 @@ class LostCall:
     lost_calls: int
     crashed_calls: int
     last_error: str | None
-    crashed: bool  # under way when its replica died: its run's first call still marked, not given up at shutdown
+    # Under way when its replica died: marked alone (nothing else ran; it started as its mark was written) and
+    # still so. A call of a run beside others may have returned or not started: the marks cannot tell, so it is lost
+    # only, never blamed.
+    crashed: bool
     alone: bool  # no other call ran in its replica meanwhile: a crash then is attributable to it
 
 
@@ -844,10 +847,11 @@ class CallStatements(LockStatements):
 
         Each call is lost, once: its row leaves as it is counted, so adopting again counts nothing twice, and
         the calls of the current term (this holder's own) are never read. ``keep``: calls of this holder's
-        earlier terms that it still makes or records (left to it). Unless abandoned at shutdown or returned
-        before the end, the run's first call still marked is taken for the one under way (a crash); ``settle``
-        decides what that means (e.g. that a message whose call ran alone is poison). Calls whose message row
-        another session holds are left for a later adoption (``kept``); nothing fetches those messages meanwhile.
+        earlier terms that it still makes or records (left to it). A call still marked ``alone`` was under way
+        (a crash); ``settle`` decides what that means (e.g. that the message is poison). A call of a run marked
+        beside others is lost only: it may have returned with its outcome unwritten, or not started. Calls whose
+        message row another session holds are left for a later adoption (``kept``); nothing fetches those messages
+        meanwhile.
 
         On PostgreSQL a slot without a call of another term is told by one autocommit statement first: the sweeps
         of every held slot, once a poll, then cost no transaction each.
@@ -870,13 +874,7 @@ class CallStatements(LockStatements):
         rows = connection.execute(_ENDED_CALLS[self.dialect], {"slot": slot, "fence": fence.fence}).all()
         lost, crashed, poisoned = [], [], []
         kept = 0
-        seen_runs: set[tuple[int, int]] = set()
         for row in rows:
-            run = (int(row.fence), int(row.run_head))
-            marked = row.state in ("called", "alone")
-            under_way = marked and run not in seen_runs
-            if marked:
-                seen_runs.add(run)
             if row.holder == fence.holder and row.message_id in keep:
                 continue
             key = {"id": row.message_id, "fence": row.fence, "slot": slot}
@@ -888,7 +886,7 @@ class CallStatements(LockStatements):
                 continue
             call = LostCall(
                 int(row.message_id), row.message_name, row.lost_calls, row.crashed_calls, row.last_error,
-                crashed=under_way, alone=row.state == "alone",
+                crashed=row.state == "alone", alone=row.state == "alone",
             )
             outcome = settle(call)
             connection.execute(

@@ -382,10 +382,11 @@ def settle_lost_call(
 
     Every call marked in flight without a recorded outcome is lost: it may have been made (its message is
     delivered again, flagged as such). ``crashed``: it was under way when its replica died, as far as the marks
-    tell (the first unrecorded call of its run, not one given up at shutdown); the calls after it in its run
-    may not have started, and count as lost only. A message delivered again is called *alone*, with no other
-    call running in its replica: only a crash during such a call is attributable to the message, so only
-    one may make it dead. A message that merely ran beside a poison one is never blamed for it.
+    tell: the adoption says so of a call marked *alone* only (a message delivered again is called with no other
+    call running in its replica, marked just before it starts), since of a run marked beside others the marks
+    cannot tell which call had returned with its outcome unwritten and which had not started. Only a crash during
+    a call made alone is attributable to the message, so only one may make it dead; a message that merely ran
+    beside a poison one is never blamed for it.
     """
     lost = min(lost_calls + 1, COUNTER_MAX)
     crashes = min(crashed_calls + 1, lost) if crashed else crashed_calls
