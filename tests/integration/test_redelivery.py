@@ -692,6 +692,26 @@ def test_a_message_whose_hint_a_session_changes_while_its_call_runs_is_refused_a
     assert calls == [moved] and in_flight(store) == {}
 
 
+def test_a_message_moved_to_another_hint_between_its_fetch_and_its_mark_is_not_marked(any_store: Store) -> None:
+    """A lane marks a run some time after the fetch read it: a message whose hint a session changed meanwhile
+    (no call row yet, so the change was allowed) belongs to its new hint's work now, and is not marked for the
+    old one (which would call it beside its new hint's earlier messages, perhaps on another replica)."""
+    from worker.db.calls import MarkRequest
+
+    holder = leaser(any_store, "a")
+    holder.run_once()
+    kept, moved = send(any_store, "order-1"), send(any_store, "order-1")
+    slot = slot_of(any_store, kept)
+    fence = holder.fence(slot)
+    assert fence is not None
+    with any_store.engine.begin() as connection:  # after the fetch, before the mark
+        connection.execute(text("UPDATE correlation_message SET correlation_hint = 'order-2' WHERE id = :id"),
+                           {"id": moved})
+    result = any_store.calls_mark([MarkRequest(slot, fence, (kept, moved), hint="order-1")])
+    assert result.marked == {kept} and in_flight(any_store) == {kept: "called"}
+    assert any_store.calls_mark([MarkRequest(slot, fence, (moved,))]).marked == {moved}, "unchecked without a hint"
+
+
 # -- calls a fetch marks itself, for lanes waiting for work ----------------------------------------------------
 
 

@@ -49,6 +49,9 @@ class MarkRequest:
     fence: Fence
     ids: tuple[int, ...]
     alone: bool = False
+    # The hint they were fetched under: a message whose hint changed since (its slot's holder, or another hint's
+    # work, calls it now) is not marked. None: not checked.
+    hint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +128,8 @@ class Adoption:
 # in a database crash costs the count of one redelivery). A mark that read its term as running just before the
 # term ended can commit after the next holder adopted the slot: its call never starts (the lane stops at its own
 # deadline, a safety margin before the term can end), and the holder's next adoption sweep counts it. A message
-# no longer ready
-# (paused, deleted, made dead) or in flight under another term is not marked; marking a call of the same term
+# no longer ready (paused, deleted, made dead), moved to another hint since its fetch, or in flight under another
+# term is not marked; marking a call of the same term
 # again (a run put back in the rotation and taken up again) keeps its row. It answers the terms still running
 # and the calls *not* marked (usually none: the answer stays small however many calls are marked).
 _MARK_PG = text(
@@ -143,14 +146,16 @@ _MARK_PG = text(
     ), rows AS MATERIALIZED (
         -- by primary key only: with the state in this WHERE, statistics taken while a backlog was paused (no row
         -- ready) make a partial index on ready rows look cheapest, and each mark would scan all of it
-        SELECT id, state FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))
+        SELECT id, state, correlation_hint FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))
     ), marked AS (
         INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
         SELECT v.id, v.slot, v.fence, v.holder, v.head, v.state
           FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
-                      CAST(:holders AS text[]), CAST(:heads AS bigint[]), CAST(:states AS text[]))
-               AS v(id, slot, fence, holder, head, state)
-         WHERE v.id IN (SELECT id FROM rows WHERE state = 'ready')
+                      CAST(:holders AS text[]), CAST(:heads AS bigint[]), CAST(:states AS text[]),
+                      CAST(:hints AS text[]))
+               AS v(id, slot, fence, holder, head, state, hint)
+         WHERE EXISTS (SELECT 1 FROM rows r WHERE r.id = v.id AND r.state = 'ready'
+                          AND (v.hint IS NULL OR r.correlation_hint = v.hint))
            AND (v.slot, v.fence) IN (SELECT slot, fence FROM terms)
         ON CONFLICT (message_id) DO UPDATE SET state = excluded.state, run_head = excluded.run_head
          WHERE correlation_call.slot = excluded.slot AND correlation_call.fence = excluded.fence
@@ -175,7 +180,8 @@ _MARK_SQLITE = text(
     """
     INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
     SELECT :id, :slot, :fence, :holder, :head, :state
-     WHERE EXISTS (SELECT 1 FROM correlation_message m WHERE m.id = :id AND m.state = 'ready')
+     WHERE EXISTS (SELECT 1 FROM correlation_message m WHERE m.id = :id AND m.state = 'ready'
+                      AND (:hint IS NULL OR m.correlation_hint = :hint))
     ON CONFLICT (message_id) DO UPDATE SET state = excluded.state, run_head = excluded.run_head
      WHERE correlation_call.slot = excluded.slot AND correlation_call.fence = excluded.fence
        AND correlation_call.state IN ('called', 'alone')
@@ -488,7 +494,9 @@ class CallStatements(LockStatements):
 
     def _mark_pg(self, requests: Sequence[MarkRequest]) -> Marked:
         terms = {r.fence: r.slot for r in requests}
-        columns: dict[str, list[Any]] = {"ids": [], "slots": [], "fences": [], "holders": [], "heads": [], "states": []}
+        columns: dict[str, list[Any]] = {
+            "ids": [], "slots": [], "fences": [], "holders": [], "heads": [], "states": [], "hints": [],
+        }
         for request in requests:
             count = len(request.ids)
             columns["ids"] += request.ids
@@ -497,6 +505,7 @@ class CallStatements(LockStatements):
             columns["holders"] += [request.fence.holder] * count
             columns["heads"] += [request.ids[0]] * count
             columns["states"] += ["alone" if request.alone else "called"] * count
+            columns["hints"] += [request.hint] * count
         params: dict[str, Any] = {
             "t_names": text_array(fence.name for fence in terms),
             "t_holders": text_array(fence.holder for fence in terms),
@@ -505,6 +514,7 @@ class CallStatements(LockStatements):
             **{key: int_array(columns[key]) for key in ("ids", "slots", "fences", "heads")},
             "holders": text_array(columns["holders"]),
             "states": text_array(columns["states"]),
+            "hints": text_array(columns["hints"]),
         }
         rows = self._driver_statements(lambda driver: driver_rows(driver, _MARK_PG, params))
         by_term = {(fence.name, fence.fence): fence for fence in terms}
@@ -527,7 +537,7 @@ class CallStatements(LockStatements):
             for message_id in request.ids:
                 params = {
                     "id": message_id, "slot": request.slot, "fence": fence.fence, "holder": fence.holder,
-                    "head": request.ids[0], "state": "alone" if request.alone else "called",
+                    "head": request.ids[0], "state": "alone" if request.alone else "called", "hint": request.hint,
                 }
                 if connection.execute(_MARK_SQLITE, params).rowcount:
                     marked.add(message_id)

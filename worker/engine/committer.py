@@ -132,6 +132,7 @@ class MarkTicket:
     withdrawn: bool = False
     by_fetch: bool = False  # written by the fetch that read the calls (see Committer.marked_by_fetch)
     unsure: bool = False  # the write failed: it may have committed all the same (its answer lost)
+    hint: str | None = None  # the hint the calls were fetched under: a message moved to another since is not marked
 
     def answer(self, remaining: float | None, marked: frozenset[int], now: float) -> None:
         self.remaining = remaining
@@ -204,19 +205,26 @@ class Committer:
 
     # -- what lanes call -----------------------------------------------------------------------------------
 
-    def mark_now(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> MarkTicket:
+    def mark_now(
+        self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False, hint: str | None = None
+    ) -> MarkTicket:
         """Mark the calls of a run about to start: written by the calling thread when no marker is writing and
         none is asked for (two thread hand-offs fewer before the call), else by a marker with the others."""
-        return self._ask(MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic()), inline=True)
+        ticket = MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic(), hint=hint)
+        return self._ask(ticket, inline=True)
 
-    def mark_ahead(self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False) -> MarkTicket:
+    def mark_ahead(
+        self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False, hint: str | None = None
+    ) -> MarkTicket:
         """Ask for the calls' marks (one run of a hint, in call order) and return at once: the calls start after
         the ticket's :meth:`~MarkTicket.wait` (so that a lane can have its next run marked while it still makes
         the calls of this one).
 
-        ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs).
+        ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs). ``hint``: the
+        hint they were fetched under (a message whose hint changed since is not marked).
         """
-        return self._ask(MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic()), inline=False)
+        ticket = MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic(), hint=hint)
+        return self._ask(ticket, inline=False)
 
     def _ask(self, ticket: MarkTicket, *, inline: bool) -> MarkTicket:
         if ticket.fence is None:  # no lease, nothing to tell a successor: the calls may start at once
@@ -292,7 +300,7 @@ class Committer:
 
     def _write_marks(self, requests: Sequence[MarkTicket]) -> None:
         """Write marks taken for marking, and answer their tickets."""
-        writes = [MarkRequest(r.slot, r.fence, r.calls, r.alone) for r in requests if r.fence is not None]
+        writes = [MarkRequest(r.slot, r.fence, r.calls, r.alone, r.hint) for r in requests if r.fence is not None]
         try:
             result = self.store.calls_mark(writes)
         except Exception as error:  # the calls are not made: their hints are left for later

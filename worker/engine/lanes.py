@@ -905,7 +905,7 @@ class Lanes:
                 work.pending.extendleft(reversed(run))
                 self._give_back(work, "its target's circuit is open")
                 return False
-        ticket = self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone)
+        ticket = self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone, hint=work.hint)
         await self._run_marked(lane, work, run, ticket, room)
         return False
 
@@ -996,7 +996,9 @@ class Lanes:
                     self._rotation.appendleft(work)
                     return
                 work.running = True
-                ticket = self.committer.mark_ahead(work.slot, work.fence, [message.id for message in run])
+                ticket = self.committer.mark_ahead(
+                    work.slot, work.fence, [message.id for message in run], hint=work.hint
+                )
                 # A network run's room at its target is taken by the lane that makes it (a run waiting for a
                 # lane holds none: the calls in flight there are the lanes' own).
                 self._ahead.append(_Ahead(work, run, ticket))
