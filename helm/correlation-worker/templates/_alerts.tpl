@@ -251,6 +251,30 @@ rules:
       description: >-
         {{`{{ $labels.instance }}`}} has had no wake-up listener for 10 minutes: new messages wait for its next poll
         instead of being fetched at once.
+  - alert: CorrelationRoutesDiffer
+    expr: >-
+      max by (namespace, job, instance) (correlation_replicas_routing_differently) > 0
+    for: {{ $t.routesDifferFor }}
+    labels:
+      severity: critical
+    annotations:
+      summary: Replicas route message names differently, and those messages wait
+      description: >-
+        {{`{{ $labels.instance }}`}} has seen {{`{{ $value }}`}} live replica(s) with other routes for
+        {{ $t.routesDifferFor }}: messages of the names they route differently are held, uncharged, until every
+        replica has the same CORRELATION_CORRELATORS (`correlation-worker status` names them).
+  - alert: CorrelationClusterSettingsDiffer
+    expr: >-
+      max by (namespace, job, instance) (correlation_cluster_settings_differing) > 0
+    for: 30m
+    labels:
+      severity: warning
+    annotations:
+      summary: Replicas run cluster-wide settings with different values
+      description: >-
+        {{`{{ $labels.instance }}`}} has seen {{`{{ $value }}`}} cluster-wide setting(s) (delivery retention,
+        leases, policies, ...) run differently by another live replica for 30 minutes (`correlation-worker
+        status` names them and their values).
   - alert: CorrelationWorkerDown
     expr: >-
       up == 0 and on (job, instance) max_over_time(correlation_build_info[1h])
