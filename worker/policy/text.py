@@ -126,11 +126,18 @@ def _pg_char(code: int) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+# SQLite reads U+FFFE and U+FFFF as U+FFFD (its UTF-8 decoder's substitution), in a pattern and in the text alike:
+# its SQL cannot tell them, and the worker dead-letters a message holding one (as one not in NFC).
+SQLITE_UNSEEN = (0xFFFE, 0xFFFF)
+
+
 def sqlite_chars(ranges: Iterable[tuple[int, int]]) -> str:
     """A SQLite expression spelling a GLOB bracket's contents for these code points: ``char(1, 45, 31, …)`` (45
     is ``-``), in calls of at most 100 arguments joined by ``||`` (SQLite takes no more than 127)."""
     codes: list[int] = []
     for start, end in _encodable(ranges):
+        if SQLITE_UNSEEN[0] <= start and end <= SQLITE_UNSEEN[1]:
+            continue
         codes.extend([start] if start == end else [start, 45, end])
     calls = [codes[i : i + 100] for i in range(0, len(codes), 100)]
     return " || ".join("char(" + ",".join(str(code) for code in call) + ")" for call in calls)
