@@ -152,7 +152,7 @@ BEGIN
     SELECT RAISE(ABORT, 'correlation_message_finished_at_utc_text: finished_at is UTC text YYYY-MM-DD HH:MM:SS[.ffffff]');
 END;
 CREATE TRIGGER correlation_message_finished_at_not_in_the_future_insert BEFORE INSERT ON correlation_message
-    WHEN julianday(NEW.finished_at) > julianday('now', '+1 minute')
+    WHEN NOT (julianday(NEW.finished_at) IS NULL OR NEW.finished_at NOT GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]*' OR substr(NEW.finished_at, 20, 1) NOT IN ('', '.') OR substr(NEW.finished_at, 21) GLOB '*[^0-9]*') AND julianday(NEW.finished_at) > julianday('now', '+1 minute')
 BEGIN
     SELECT RAISE(ABORT, 'correlation_message_finished_at_not_in_the_future: finished_at is later than the clock; a record holds its message_id until the retention after finished_at (leave finished_at to the worker)');
 END;
@@ -162,7 +162,7 @@ BEGIN
     SELECT RAISE(ABORT, 'correlation_message_finished_at_utc_text: finished_at is UTC text YYYY-MM-DD HH:MM:SS[.ffffff]');
 END;
 CREATE TRIGGER correlation_message_finished_at_not_in_the_future_update BEFORE UPDATE OF finished_at ON correlation_message
-    WHEN julianday(NEW.finished_at) > julianday('now', '+1 minute')
+    WHEN NOT (julianday(NEW.finished_at) IS NULL OR NEW.finished_at NOT GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]*' OR substr(NEW.finished_at, 20, 1) NOT IN ('', '.') OR substr(NEW.finished_at, 21) GLOB '*[^0-9]*') AND julianday(NEW.finished_at) > julianday('now', '+1 minute')
 BEGIN
     SELECT RAISE(ABORT, 'correlation_message_finished_at_not_in_the_future: finished_at is later than the clock; a record holds its message_id until the retention after finished_at (leave finished_at to the worker)');
 END;

@@ -183,31 +183,30 @@ def test_a_message_sqlite_took_that_breaks_the_rule_is_dead_with_the_reason_and_
 # -- records a producer inserts ------------------------------------------------------------------------------------
 
 
-def _far(days: int) -> str:
-    return (datetime.now(UTC) + timedelta(days=days)).strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
 @pytest.mark.parametrize(
     ("finished_at", "refused_by"),
     [
-        ("2999-01-01 00:00:00", "correlation_message_finished_at_not_in_the_future"),
-        (_far(1), "correlation_message_finished_at_not_in_the_future"),
-        ("9999-12-31 23:59:59", "correlation_message_finished_at_not_in_the_future"),
-        (_far(0), None),
-        (_far(-1), None),
-        ("0001-01-02 00:00:00", None),
+        (datetime(2999, 1, 1, tzinfo=UTC), "correlation_message_finished_at_not_in_the_future"),
+        (timedelta(days=1), "correlation_message_finished_at_not_in_the_future"),
+        (timedelta(minutes=5), "correlation_message_finished_at_not_in_the_future"),
+        (datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC), "correlation_message_finished_at_not_in_the_future"),
+        (timedelta(0), None),
+        (timedelta(days=-1), None),
+        (datetime(1, 1, 2, tzinfo=UTC), None),
     ],
 )
 def test_a_record_finished_in_the_future_is_refused_and_one_finished_long_ago_ages_out(
-    any_store: Store, conn: Connection, finished_at: str, refused_by: str | None
+    any_store: Store, conn: Connection, finished_at: datetime | timedelta, refused_by: str | None
 ) -> None:
     """A record holds its message_id until the retention after finished_at: a producer's record finished in 2999
     would hold it for ever. One finished long ago is deleted by the next cleanup, and its message_id is free."""
+    at = datetime.now(UTC) + finished_at if isinstance(finished_at, timedelta) else finished_at
+    value: object = at if any_store.dialect == "postgresql" else at.replace(tzinfo=None).isoformat(" ", "microseconds")
     insert = (
         "INSERT INTO correlation_message (message_id, message_name, correlation_hint, state, outcome, finished_at)"
         " VALUES ('m-1', 'order.paid', 'o-1', 'delivered', 'correlated', :at)"
     )
-    got = refusal(conn, insert, at=finished_at)
+    got = refusal(conn, insert, at=value)
     if refused_by is not None:
         assert got is not None and refused_by in got and "finished_at" in got
         taken = refusal(conn, "INSERT INTO correlation_message (message_name, correlation_hint, message_id)"
@@ -215,11 +214,34 @@ def test_a_record_finished_in_the_future_is_refused_and_one_finished_long_ago_ag
         assert taken is None  # the id was never held
         return
     assert got is None
-    update = refusal(conn, "UPDATE correlation_message SET finished_at = :at", at="2999-01-01 00:00:00")
+    future = datetime(2999, 1, 1, tzinfo=UTC)
+    update = refusal(conn, "UPDATE correlation_message SET finished_at = :at",
+                     at=future if any_store.dialect == "postgresql" else "2999-01-01 00:00:00")
     assert update is not None and "correlation_message_finished_at_not_in_the_future" in update
-    if finished_at < _far(-7):
+    if at < datetime.now(UTC) - timedelta(days=7):
         deleted = any_store.messages_delete_records(before=datetime.now(UTC) - timedelta(days=7), limit=10)
         assert deleted == 1
+
+
+@pytest.mark.parametrize(
+    ("finished_at", "rule"),
+    [("tomorrow", "correlation_message_finished_at_utc_text"), (20991231, "correlation_message_finished_at_utc_text"),
+     ("2999-01-01T00:00:00Z", "correlation_message_finished_at_utc_text")],
+)
+def test_a_record_finished_at_a_time_sqlite_cannot_compare_is_refused(
+    sqlite_url: str, finished_at: object, rule: str
+) -> None:
+    """SQLite compares times as text: a finished_at that is not UTC text would sort after every cutoff."""
+    store = Store(build_engine(DatabaseSettings(url=sqlite_url)))
+    stop_at_teardown(store.close)
+    with store.engine.connect() as connection:
+        got = refusal(
+            connection,
+            "INSERT INTO correlation_message (message_name, correlation_hint, state, outcome, finished_at)"
+            " VALUES ('order.paid', 'o-1', 'delivered', 'correlated', :at)",
+            at=finished_at,
+        )
+    assert got is not None and rule in got, got
 
 
 @pytest.mark.parametrize(
