@@ -46,6 +46,7 @@ try:
     from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
     from worker.message import Message, MessageState
     from worker.policy.cron import CronError
+    from worker.policy.text import hint_problem, name_problem, shown
     from worker.redact import redact_text, redact_url
     from worker.service.endpoint import EndpointError
     from worker.service.logs import bound, configure_logging, escape_controls
@@ -357,6 +358,9 @@ def send(
     expires_at: str | None,
 ) -> None:
     """Insert one message NAME for correlation hint HINT."""
+    for value, problem, param in ((name, name_problem(name), "NAME"), (hint, hint_problem(hint), "HINT")):
+        if problem is not None:
+            raise click.BadParameter(f"{shown(value)} {problem}", param_hint=param)
     try:
         time_to_live = parse_duration(ttl) if ttl is not None else None
     except ValueError as error:

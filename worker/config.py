@@ -14,7 +14,6 @@ import math
 import os
 import re
 import socket
-import unicodedata
 from collections.abc import Mapping
 from datetime import timedelta
 from enum import StrEnum
@@ -44,6 +43,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from worker.policy.text import name_problem, shown
 from worker.redact import MASK, redact_route, redact_url
 
 ENV_PREFIX = "CORRELATION_"
@@ -144,17 +144,6 @@ MaxRetries = Annotated[
     BeforeValidator(_parse_max_retries),
     PlainSerializer(lambda v: "unlimited" if v is None else v),
 ]
-
-
-def name_problem(name: str) -> str | None:
-    """Why a name (a route, a token's name) would not match or print as it reads, or None."""
-    if not name.strip():
-        return "is blank"
-    if name != name.strip():
-        return "starts or ends with a space"
-    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in name):
-        return "holds a control or invisible formatting character"
-    return None
 
 
 BACKOFF_BASE_MAX = 100.0  # a larger base reaches any cap within two retries: the cap is the setting to use
@@ -557,7 +546,7 @@ class AdminSettings(_Section):
     def _printable(cls, value: str) -> str:
         problem = name_problem(value)
         if problem is not None:
-            raise ValueError(f"{value!r} {problem}; the audit writes this name into every entry")
+            raise ValueError(f"{shown(value)} {problem}; the audit writes this name into every entry")
         return value
 
     @field_validator("token", "read_token")
@@ -710,7 +699,7 @@ class Settings(BaseSettings):
         for name in value:
             problem = name_problem(name)
             if problem is not None:
-                raise ValueError(f"the route name {name!r} {problem}; a route is named by a message_name exactly")
+                raise ValueError(f"the route name {shown(name)} {problem}; a route is named by a message_name exactly")
         return value
 
     @model_validator(mode="after")

@@ -107,6 +107,10 @@ def startup_error(result: subprocess.CompletedProcess[str]) -> str:
         ({"policy__handler_timeout": "P99999999D"}, "CORRELATION_POLICY__HANDLER_TIMEOUT", "100 years"),
         ({"policy__backoff_base": "inf"}, "CORRELATION_POLICY__BACKOFF_BASE", "finite"),
         ({"database__connect_timeout": "PT0.5S"}, "CORRELATION_DATABASE__CONNECT_TIMEOUT", "PT1S"),
+        # A route name no message name could match (worker/policy/text.py): named, with what hides in it escaped.
+        ({"correlators": '{"order.paid\\u00a0": "log"}'}, "CORRELATION_CORRELATORS", "'order.paid\\u00a0' starts"),
+        ({"correlators": '{"cafe\\u0301": "log"}'}, "CORRELATION_CORRELATORS", "'cafe\\u0301' is not in Unicode"),
+        ({"correlators": '{"x\\udb40\\udc41": "log"}'}, "CORRELATION_CORRELATORS", "U+E0041"),
     ],
 )
 def test_a_setting_that_cannot_work_is_refused_by_check_config_with_one_line(
@@ -381,6 +385,27 @@ BAD_ARGUMENTS = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("name", "hint", "said"),
+    [
+        ("order.paid\u00a0", "o-1", "Invalid value for NAME: 'order.paid\\u00a0' starts or ends with whitespace"),
+        ("cafe\u0301", "o-1", "Invalid value for NAME: 'cafe\\u0301' is not in Unicode normalisation form NFC"),
+        ("x\U000e0041", "o-1", "Invalid value for NAME: 'x\\U000e0041' holds the invisible or control character"),
+        ("order.paid", "\u3000", "Invalid value for HINT: '\\u3000' is only whitespace"),
+        ("order.paid", "Zo\u0308e", "Invalid value for HINT: 'Zo\\u0308e' is not in Unicode normalisation form NFC"),
+    ],
+)
+def test_send_refuses_a_name_or_hint_the_rule_refuses_naming_the_argument(
+    any_db: Database, name: str, hint: str, said: str
+) -> None:
+    """The same rule as the schema's, before the database is asked, on SQLite too (whose SQL cannot tell NFC)."""
+    assert cli(any_db, "migrate").returncode == 0
+    line = one_line_error(cli(any_db, "send", name, hint))
+    assert said in line, line
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # joiners between two characters are taken
+    assert cli(any_db, "send", family, "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645").returncode == 0
+
+
 @pytest.mark.parametrize("arguments", BAD_ARGUMENTS, ids=lambda a: " ".join(a)[:60] or "none")
 def test_every_argument_error_is_one_line_with_a_non_zero_exit(pg_db: Database, arguments: tuple[str, ...]) -> None:
     result = cli(pg_db, *arguments)
@@ -434,6 +459,8 @@ def test_outputs_are_json_when_piped_and_tables_when_asked(pg_db: Database) -> N
     [
         (("pause", "--hint", ""), "the hint to pause is empty"),
         (("pause", "--name", "  "), "the name to pause is empty"),
+        (("pause", "--name", "order.paid\u00a0"), "the name to pause 'order.paid\\u00a0' starts or ends with"),
+        (("pause", "--hint", "cafe\u0301"), "the hint to pause 'cafe\\u0301' is not in Unicode normalisation"),
         (("requeue", "--state", "ready"), "requeue acts on dead messages only"),
         (("resume", "--state", "dead"), "resume acts on paused messages only"),
     ],

@@ -500,6 +500,10 @@ def test_add_checks_every_value_and_refuses_a_taken_name(any_store: Store) -> No
         ({"name": " "}, "must not be empty"),
         ({"hint": "h" * 256}, "at most 255"),
         ({"message_name": ""}, "must not be empty"),
+        # The schema's rule for names and hints (worker/policy/text.py), said before the database is asked.
+        ({"message_name": "order.paid\u00a0"}, "'order.paid\\\\u00a0' starts or ends with whitespace"),
+        ({"name": "nightly\U000e0041"}, "U\\+E0041"),
+        ({"hint": "cafe\u0301"}, "is not in Unicode normalisation form NFC"),
     ]
     for change, reason in refusals:
         arguments: dict[str, Any] = {"name": "other", "cron": "0 0 3 * * ?", "message_name": "job", **change}

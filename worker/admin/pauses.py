@@ -37,6 +37,7 @@ from worker.admin.errors import BadRequest, Conflict, Forbidden, NotFound
 from worker.db.fetch import Pause
 from worker.db.store import Store, StoreError
 from worker.policy.holdback import PauseInfo
+from worker.policy.text import hint_problem, name_problem, shown
 
 TARGET_MAX = 255
 REASON_MAX = 1000
@@ -100,6 +101,9 @@ def add_pause(store: Store, caller: Caller, scope: str, target: str, reason: str
         raise Forbidden(f"the token {caller.name!r} may only read; pausing needs CORRELATION_ADMIN__TOKEN")
     if scope != "all" and not target.strip():
         raise BadRequest(f"the {scope} to pause is empty: give the {scope} whose messages are to wait")
+    problem = None if scope == "all" else (name_problem if scope == "name" else hint_problem)(target)
+    if problem is not None:  # no message can have it (the schema's rule): the pause would hold nothing
+        raise BadRequest(f"the {scope} to pause {shown(target)} {problem}")
     pause, created = store.pauses_create(scope, target, reason, caller.name)
     if not created:
         raise Conflict(

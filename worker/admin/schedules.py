@@ -20,6 +20,7 @@ from worker.engine.scheduler import compile_schedule, load_zone
 from worker.message import thaw
 from worker.policy.cron import CronError, parse_schedulable
 from worker.policy.scheduling import FireAction, MisfirePolicy
+from worker.policy.text import hint_problem, name_problem, shown
 
 NAME_MAX_LENGTH = 255
 NEXT_FIRE_TIMES = 5
@@ -115,6 +116,10 @@ def schedule_show(store: Store, name: str, count: int = NEXT_FIRE_TIMES) -> dict
 def _text(value: str | None, what: str, limit: int) -> None:
     if value is not None and not value.strip():
         raise AdminError(f"the {what} must not be empty")
+    rule = hint_problem if what == "correlation hint" else name_problem  # the schema's rule (policy/text.py)
+    problem = None if value is None else rule(value)
+    if problem is not None:
+        raise AdminError(f"the {what} {shown(value or '')} {problem}")
     if value is not None and len(value) > limit:
         raise AdminError(f"the {what} is {len(value)} characters long; at most {limit} are allowed")
 

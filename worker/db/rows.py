@@ -13,6 +13,7 @@ from sqlalchemy.engine import Row
 from worker.db.base import UnreadableJson, json_loads
 from worker.message import HEADERS_MAX_BYTES, PAYLOAD_MAX_BYTES, Delivery, Message, MessageState, slot_constructor
 from worker.policy.outcomes import storable_text
+from worker.policy.text import hint_problem, name_problem, shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,14 @@ def decode_row(values: Sequence[Any], sqlite: bool) -> Message | Unreadable:
         next_attempt_at, reschedule_count, last_error, state, slot, lost_calls, crashed_calls,
     ) = values
     try:
+        # The schema refuses such a name or hint at insert, save where its SQL cannot tell (NFC on SQLite) and in
+        # rows written before the rule: called, it would go to the wrong route or conversation.
+        problem = name_problem(name)
+        if problem is not None:
+            raise ValueError(f"its message_name {shown(name)} {problem}; a route is named by a message_name exactly")
+        problem = hint_problem(hint)
+        if problem is not None:
+            raise ValueError(f"its correlation_hint {shown(hint)} {problem}")
         if len(payload_text) > PAYLOAD_MAX_BYTES or len(headers_text) > HEADERS_MAX_BYTES:
             raise ValueError(
                 f"payload or headers larger than {PAYLOAD_MAX_BYTES} / {HEADERS_MAX_BYTES} bytes"
