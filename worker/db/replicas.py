@@ -1,4 +1,4 @@
-"""What each replica routes and the settings it runs with (``correlation_replica``, schema revision 0016).
+"""What each replica routes and the settings it runs with (``correlation_replica``, schema revision 0017).
 
 A replica replaces its row every lease renewal and deletes it when it stops; readers take the rows seen within a
 lease term, so a replica that died without deleting its row drops out of the picture once its leases would have.
