@@ -442,7 +442,7 @@ def test_outputs_are_json_when_piped_and_tables_when_asked(pg_db: Database) -> N
     piped = cli(pg_db, "status")
     status = json.loads(piped.stdout)
     assert set(status) == {
-            "messages_by_state", "oldest_eligible_age_seconds", "slots", "slots_per_replica", "targets"
+            "messages_by_state", "oldest_eligible_age_seconds", "slots", "slots_per_replica", "targets", "routing"
         }
     assert status["messages_by_state"]["ready"] == 2 and status["slots"] == 64
     table = cli(pg_db, "status", "--output", "table").stdout
