@@ -162,6 +162,7 @@ def test_a_message_sqlite_took_that_breaks_the_rule_is_dead_with_the_reason_and_
     stop_at_teardown(store.close)
     decomposed = store.messages_insert(NewMessage(name="cafe\u0301", hint="o-1"))
     hint = store.messages_insert(NewMessage(name="caf\u00e9", hint="Zo\u0308e"))
+    unseen = store.messages_insert(NewMessage(name="caf\u00e9\ufffe", hint="o-3"))  # SQLite reads it as U+FFFD
     good = store.messages_insert(NewMessage(name="caf\u00e9", hint="o-2"))
     called: list[int] = []
 
@@ -173,9 +174,10 @@ def test_a_message_sqlite_took_that_breaks_the_rule_is_dead_with_the_reason_and_
     stop_at_teardown(lambda: engine.stop(grace=0))
     result = engine.run_once()
     assert called == [good]
-    assert result.unreadable == 2
+    assert result.unreadable == 3
     found = {m.id: m for m in store.messages_list(MessageFilter(), limit=10)}
-    assert found[decomposed].state is MessageState.DEAD and found[hint].state is MessageState.DEAD
+    assert {found[i].state for i in (decomposed, hint, unseen)} == {MessageState.DEAD}
+    assert "U+FFFE" in (found[unseen].last_error or "")
     assert "message_name 'cafe\\u0301' is not in Unicode normalisation form NFC" in (found[decomposed].last_error or "")
     assert "correlation_hint 'Zo\\u0308e' is not in Unicode normalisation form NFC" in (found[hint].last_error or "")
 
