@@ -1,1 +1,1 @@
-"""Pure rules: backoff, eligibility and batching, outcomes. No I/O, no clock reads."""
+"""Pure rules: backoff, eligibility and batching, outcomes, printable text. No I/O, no clock reads."""
