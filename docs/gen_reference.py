@@ -532,19 +532,21 @@ def main() -> int:
     """Write the pages, or with --check compare them with the committed ones."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 with a diff when a page differs from the code")
+    parser.add_argument("--dir", type=Path, default=REFERENCE, help="where the pages are (default: docs/reference)")
     arguments = parser.parse_args()
     differing = 0
     for name, build in PAGES.items():
-        path = REFERENCE / name
+        path = arguments.dir / name
         wanted = build()
         if arguments.check:
             present = path.read_text(encoding="utf-8") if path.exists() else ""
             if present != wanted:
                 differing += 1
+                shown = path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
                 sys.stdout.writelines(
                     difflib.unified_diff(
                         present.splitlines(keepends=True), wanted.splitlines(keepends=True),
-                        f"{path.relative_to(ROOT)} (committed)", f"{path.relative_to(ROOT)} (from the code)",
+                        f"{shown} (committed)", f"{shown} (from the code)",
                     )
                 )
         else:
