@@ -167,7 +167,7 @@ def bounds_of(field: FieldInfo, duration_bounds: tuple[timedelta, timedelta, str
             if getattr(item, attribute, None) is not None:
                 found.append(f"{words} {getattr(item, attribute)}")
         if getattr(item, "min_length", None) is not None:
-            found.append(f"at least {item.min_length} characters")
+            found.append("not empty" if item.min_length == 1 else f"at least {item.min_length} characters")
         if getattr(item, "max_length", None) is not None:
             found.append(f"at most {item.max_length} characters")
     if duration_bounds is not None:
@@ -420,6 +420,8 @@ def cli_page() -> str:
             if isinstance(parameter, click.Argument):
                 name = f"`{parameter.human_readable_name}`"
                 helptext = "argument" + ("" if parameter.required else ", optional")
+                if parameter.nargs == -1:
+                    helptext += ", any number of them" if not parameter.required else ", one or more"
             else:
                 option = cast(click.Option, parameter)
                 name = ", ".join(f"`{opt}`" for opt in [*option.opts, *option.secondary_opts])
@@ -428,7 +430,7 @@ def cli_page() -> str:
                     helptext = f"Required. {helptext}".strip()
             default = parameter.get_default(context, call=False)
             shown = ""
-            if default not in (None, False, ()) and not callable(default) and not isinstance(default, Enum):
+            if default not in (None, False, (), "") and not callable(default) and not isinstance(default, Enum):
                 shown = f"`{default}`"  # click marks "no default" with an enum sentinel
             rows.append(f"| {name} | {click_type(parameter)} | {shown} | {cell(helptext)} |")
         if rows:
