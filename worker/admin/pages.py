@@ -199,6 +199,7 @@ def pages_application(console: Console) -> Starlette:
     # -- login ------------------------------------------------------------------------------------------------
 
     async def login_form(request: Request) -> Response:
+        """GET /login: the login form."""
         nonce = request.cookies.get(LOGIN_COOKIE) or auth.login_nonce()
         response = render(request, "login.html", None, title="Log in", login_csrf=nonce,
                           next=_safe_next(ui(request), request.query_params.get("next")), error=None)
@@ -207,6 +208,7 @@ def pages_application(console: Console) -> Starlette:
         return response
 
     async def login(request: Request) -> Response:
+        """POST /login: check the token and start a session (a cookie), then go on to the page asked for."""
         form = await request.form()
         target = _safe_next(ui(request), _text(form.get("next")))
         cookie = request.cookies.get(LOGIN_COOKIE)
@@ -226,6 +228,7 @@ def pages_application(console: Console) -> Starlette:
         return response
 
     async def logout(request: Request, session: Session, _form: FormData | None) -> Response:
+        """POST /logout: end the session on every replica."""
         ends = datetime.fromtimestamp(session.expires, UTC)
         await run_in_threadpool(store.sessions_end, auth.ended_key(session), ends)
         response = RedirectResponse(f"{ui(request)}/login", status_code=303)
@@ -240,16 +243,19 @@ def pages_application(console: Console) -> Starlette:
         )
 
     async def overview_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /: the overview: counts by state, oldest eligible age, throughput, pauses, replicas, charts."""
         data = await run_in_threadpool(read_overview)
         return render(request, "overview.html", session, title="Overview", section="overview", data=data,
                       refresh_ms=REFRESH_MS, charts_ms=CHARTS_MS,
                       sample_seconds=round(console.sample_interval.total_seconds(), 1))
 
     async def overview_live(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /overview/live: the overview's body, which the page reloads in place every 2 s."""
         data = await run_in_threadpool(read_overview)
         return render(request, "_overview_body.html", session, data=data)
 
     async def overview_charts(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /overview/charts?window=1h|24h: the overview's charts."""
         window = request.query_params.get("window", "1h")
         data = await run_in_threadpool(overview.charts, store, window, console.sample_interval)
         return JSONResponse(data, headers={"Cache-Control": "no-store"})
@@ -257,6 +263,7 @@ def pages_application(console: Console) -> Starlette:
     # -- messages ---------------------------------------------------------------------------------------------
 
     async def messages_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /messages: a keyset page of messages under the API's filters."""
         params = dict(request.query_params)
         wanted, after, limit = messages.parse_listing(params)
         data = await run_in_threadpool(messages.messages_page, store, wanted, after, limit)
@@ -266,11 +273,13 @@ def pages_application(console: Console) -> Starlette:
                       filters=filters, states=["ready", "paused", "dead", "delivered"])
 
     async def message_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /messages/{id or message_id}: one message, whole, with its actions."""
         data = await run_in_threadpool(messages.message_detail, store, request.path_params["reference"])
         return render(request, "message.html", session, title=f"Message {data['id']}", section="messages",
                       message=data)
 
     async def message_action(request: Request, session: Session, _form: FormData | None) -> Response:
+        """POST /messages/{id}/{action}: requeue, pause, resume or delete one message."""
         row_id, action = request.path_params["row_id"], request.path_params["action"]
         if action not in BULK_ACTIONS:
             raise BadRequest(f"no action {action!r}; use one of {', '.join(BULK_ACTIONS)}")
@@ -285,6 +294,7 @@ def pages_application(console: Console) -> Starlette:
         return redirect(request, target, note)
 
     async def hint_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /hints/{hint}: its messages in order, the one holding it back highlighted with why."""
         _, after, limit = messages.parse_listing(dict(request.query_params))
         hint = request.path_params["hint"]
         data = await run_in_threadpool(messages.hint_view, store, console.mode, hint, after, limit)
@@ -295,6 +305,7 @@ def pages_application(console: Console) -> Starlette:
     # -- dead letters and bulk actions -----------------------------------------------------------------------
 
     async def dead_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /dead: the dead letters, filtered by name and hint."""
         params = {key: value for key, value in request.query_params.items() if key in ("name", "hint", "after")}
         wanted, after, limit = messages.parse_listing({**params, "state": "dead"})
         data = await run_in_threadpool(messages.messages_page, store, wanted, after, limit)
@@ -303,6 +314,7 @@ def pages_application(console: Console) -> Starlette:
                       filters=filters)
 
     async def bulk_confirm(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /bulk: the confirmation of a bulk action, with the (bounded) count it would change."""
         params = dict(request.query_params)
         action = params.get("action", "")
         if action not in BULK_ACTIONS:
@@ -317,6 +329,7 @@ def pages_application(console: Console) -> Starlette:
                       preview=preview, fields=messages.selection_as_dict(selection, everything), back=back)
 
     async def bulk_apply(request: Request, session: Session, form: FormData | None) -> Response:
+        """POST /bulk: apply a confirmed bulk action."""
         assert form is not None
         action = _text(form.get("action")) or ""
         if action not in BULK_ACTIONS:
@@ -332,10 +345,12 @@ def pages_application(console: Console) -> Starlette:
     # -- pauses and audit ------------------------------------------------------------------------------------------
 
     async def pauses_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /pauses: the durable pauses."""
         items = await run_in_threadpool(pauses.list_pauses, store)
         return render(request, "pauses.html", session, title="Pauses", section="pauses", items=items)
 
     async def pause_add(request: Request, session: Session, form: FormData | None) -> Response:
+        """POST /pauses: pause a name, a hint or everything, with a reason."""
         assert form is not None
         scope = _text(form.get("scope")) or ""
         data: dict[str, Any] = {"reason": _text(form.get("reason")) or ""}
@@ -352,6 +367,7 @@ def pages_application(console: Console) -> Starlette:
                                        f"(pause {shown['id']})")
 
     async def pause_lift(request: Request, session: Session, form: FormData | None) -> Response:
+        """POST /pauses/{id}/lift: lift a durable pause."""
         assert form is not None
         pause_id = request.path_params["pause_id"]
         result = await run_in_threadpool(
@@ -363,6 +379,7 @@ def pages_application(console: Console) -> Starlette:
                                        f" ({result['resumed']} messages resumed)")
 
     async def audit_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /audit: who did what, newest first."""
         before, limit = audit.parse_page(dict(request.query_params))
         data = await run_in_threadpool(audit.audit_page, store, before, limit)
         return render(request, "audit.html", session, title="Audit", section="audit", data=data)
@@ -370,16 +387,19 @@ def pages_application(console: Console) -> Starlette:
     # -- schedules -------------------------------------------------------------------------------------------------
 
     async def schedules_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /schedules: every schedule and the scheduler's switch."""
         data = await run_in_threadpool(schedules.schedules_list, store)
         return render(request, "schedules.html", session, title="Schedules", section="schedules", data=data,
                       actions=schedules.ACTIONS, misfires=schedules.MISFIRE_POLICIES)
 
     async def schedule_page(request: Request, session: Session, _form: FormData | None) -> Response:
+        """GET /schedules/{name}: one schedule's next fire times, pending message and last error."""
         data = await run_in_threadpool(schedules.schedule_show, store, request.path_params["name"])
         return render(request, "schedule.html", session, title=f"Schedule {data['name']}", section="schedules",
                       schedule=data, actions=schedules.ACTIONS)
 
     async def schedule_add(request: Request, session: Session, form: FormData | None) -> Response:
+        """POST /schedules: add a schedule."""
         assert form is not None
         fields = {key: _text(form.get(key)) or None for key in
                   ("name", "cron", "message_name", "correlation_hint", "time_zone", "misfire")}
@@ -396,6 +416,7 @@ def pages_application(console: Console) -> Starlette:
         return redirect(request, f"{ui(request)}/schedules", f"added schedule {shown['name']!r}")
 
     async def schedule_action(request: Request, session: Session, form: FormData | None) -> Response:
+        """POST /schedules/{name}/{enable|disable|fire|delete}: act on one schedule."""
         assert form is not None
         name, verb = request.path_params["name"], request.path_params["verb"]
         back = f"{ui(request)}/schedules"
@@ -414,6 +435,7 @@ def pages_application(console: Console) -> Starlette:
         return redirect(request, _safe_next(ui(request), _text(form.get("back")) or back), note)
 
     async def scheduler_switch(request: Request, session: Session, _form: FormData | None) -> Response:
+        """POST /scheduler/{enable|disable}: the whole cluster's scheduler on or off."""
         switch = request.path_params["switch"]
         if switch not in ("enable", "disable"):
             raise BadRequest(f"no scheduler action {switch!r}; use enable or disable")

@@ -106,9 +106,11 @@ def probe_routes(
     slow database answer never blocks the event loop)."""
 
     def scrape(_request: Request) -> Response:
+        """GET /metrics: every metric in Prometheus' text format."""
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def healthz(_request: Request) -> Response:
+        """GET /healthz: liveness: 503 when the fetch loop has been silent too long or stuck calls hold every lane."""
         age = heartbeat.age()
         problem = health()
         if age > liveness_window:
@@ -118,6 +120,7 @@ def probe_routes(
         return PlainTextResponse("ok\n")
 
     def readyz(_request: Request) -> Response:
+        """GET /readyz: readiness: 503 with the reason while the replica cannot do its job (database, schema)."""
         problem = readiness()
         return PlainTextResponse("ready\n") if problem is None else PlainTextResponse(f"{problem}\n", status_code=503)
 
