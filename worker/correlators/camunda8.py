@@ -14,7 +14,10 @@ The settings are the official SDK's (``camunda-orchestration-sdk``, the ``camund
 resolver from its environment variables (``CAMUNDA_REST_ADDRESS``, ``CAMUNDA_AUTH_STRATEGY``,
 ``CAMUNDA_CLIENT_ID``, ``CAMUNDA_CLIENT_SECRET``, ``CAMUNDA_OAUTH_URL``, ``CAMUNDA_TOKEN_AUDIENCE``,
 ``CAMUNDA_BASIC_AUTH_USERNAME`` / ``_PASSWORD``, ``CAMUNDA_TENANT_ID``, ``CAMUNDA_MTLS_*``, an ``.env`` file, …);
-a route may override ``url`` and ``tenant_id``. The requests go out on the process's call loop
+a route may override ``url`` and ``tenant_id``. With a camunda8 route, a ``CAMUNDA_*`` / ``ZEEBE_*`` variable the
+SDK does not read (a misspelling: its setting would silently be the default) and an address that cannot be a REST
+base (not http(s), no host, a query or fragment the SDK would append ``/v2`` after) are ConfigErrors naming it.
+The requests go out on the process's call loop
 (:mod:`worker.correlators.network`: aiohttp, connections kept alive), not through the SDK's httpx client: a call
 then costs a tenth of the CPU, ``Retry-After`` and an empty 503 are read, and no back-pressure gate of the SDK
 blocks past the handler timeout. The bodies follow the REST contract (``name``, ``correlationKey``,

@@ -3,7 +3,10 @@
 Off, at no cost, unless the extra is installed and an exporter is configured by the SDK's own environment
 variables (``OTEL_TRACES_EXPORTER`` other than ``none``, or an ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``); then
 ``OTEL_SERVICE_NAME`` (default ``correlation-worker``), ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``,
-``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` apply as the SDK reads them.
+``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` apply as the SDK reads them. ``OTEL_SDK_DISABLED=true`` keeps it off.
+Every ``OTEL_*`` variable is checked first (:func:`check_environment`): a value the SDK would refuse with a
+traceback or silently replace is a ConfigError naming the variable, as is a name close to a known one. At stop,
+the last spans get :data:`SHUTDOWN_BOUND` seconds to leave.
 
 - Each call is a ``CONSUMER`` span ``process <message_name>`` with the messaging semantic conventions'
   attributes; its status and an exception event tell the outcome (retry, not yet, dead, timeout).
