@@ -358,6 +358,16 @@ def test_a_misspelt_or_malformed_sdk_variable_is_refused_in_one_line_naming_it(
     assert "\n" not in str(raised.value)
 
 
+def test_kubernetes_service_links_of_a_service_named_camunda_or_zeebe_are_not_taken_for_settings(
+    cluster: FakeCamunda8, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("CAMUNDA_SERVICE_HOST", "CAMUNDA_PORT", "CAMUNDA_PORT_8080_TCP_ADDR", "ZEEBE_SERVICE_PORT_REST",
+                 "CAMUNDA_ZEEBE_GATEWAY_PORT_26500_TCP_PROTO"):
+        monkeypatch.setenv(name, "10.0.0.7")
+    cluster.wait_for("order.paid", "k")
+    assert "processInstanceKey" in answer(correlator()(message(1, "k")))
+
+
 @pytest.mark.parametrize("url", ["http://camunda:8080/v2?x=1", "http://camunda:8080 /v2", "http://:8080"])
 def test_a_routes_url_that_cannot_be_the_rest_address_is_refused(cluster: FakeCamunda8, url: str) -> None:
     with pytest.raises(ConfigError, match=r"^invalid setting CORRELATION_CORRELATORS\[\*\]: url "):

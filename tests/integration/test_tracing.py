@@ -241,6 +241,12 @@ def test_well_formed_otel_variables_pass_without_a_word(environ: dict[str, str])
     assert check_environment(environ) == []
 
 
+def test_kubernetes_service_links_of_a_service_named_otel_pass_without_a_word() -> None:
+    links = {"OTEL_SERVICE_HOST": "10.0.0.9", "OTEL_PORT": "tcp://10.0.0.9:4318", "OTEL_PORT_4318_TCP_ADDR": "10.0.0.9",
+             "OTEL_COLLECTOR_SERVICE_PORT_OTLP_HTTP": "4318"}
+    assert check_environment(links) == []
+
+
 def test_an_otel_name_far_from_any_known_one_is_a_warning_not_a_refusal() -> None:
     """The OpenTelemetry Operator injects OTEL_POD_IP and OTEL_NODE_IP into pods it instruments."""
     assert check_environment({"OTEL_POD_IP": "10.0.0.7"}) == [

@@ -53,7 +53,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from worker.config import ConfigError, parse_duration
+from worker.config import ConfigError, kubernetes_service_link, parse_duration
 from worker.correlators.http import (
     BODY_HEAD,
     ClientCredentials,
@@ -134,7 +134,7 @@ def unknown_variable_problem(names: Iterable[str], known: Iterable[str]) -> tupl
     is closest to), or None. Such a variable is a misspelling whose setting silently falls back to the default."""
     known = sorted(known)
     for name in sorted(names):
-        if name.upper().startswith(SDK_PREFIXES) and name not in known:
+        if name.upper().startswith(SDK_PREFIXES) and name not in known and not kubernetes_service_link(name):
             guess = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
             hint = f"; did you mean {guess[0]}?" if guess else f"; the SDK reads {', '.join(known)}"
             return name, f"is not a setting of the Camunda SDK, which would ignore it{hint}"

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from worker.config import ConfigError
+from worker.config import ConfigError, kubernetes_service_link
 from worker.message import Message
 from worker.redact import redact_url
 
@@ -103,7 +103,11 @@ def check_environment(environ: Mapping[str, str] = os.environ) -> list[str]:
             problem = _value_problem(KINDS[name], value.strip())
             if problem is not None:
                 raise ConfigError(f"invalid setting {name}: {problem}")
-        elif not name.startswith(OTHER_PREFIXES) and name not in (known := known or _known_names()):
+        elif (
+            not name.startswith(OTHER_PREFIXES)
+            and not kubernetes_service_link(name)
+            and name not in (known := known or _known_names())
+        ):
             guess = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
             if guess:
                 raise ConfigError(f"invalid setting {name}: is not an OpenTelemetry setting; did you mean {guess[0]}?")
