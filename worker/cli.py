@@ -50,6 +50,7 @@ try:
     from worker.redact import redact_text, redact_url
     from worker.service.endpoint import EndpointError
     from worker.service.logs import bound, configure_logging, escape_controls
+    from worker.service.tracing import check_environment as check_tracing_environment
     from worker.worker import StartupError, Worker, lease_config, replica_identity
 finally:
     gc.freeze()
@@ -327,6 +328,8 @@ def check_config() -> None:
     """Validate the settings and print the effective configuration (credentials hidden)."""
     settings = _settings()
     try:
+        for warning in check_tracing_environment():
+            click.echo(f"{PROG}: warning: {warning}", err=True)
         routes = Router.from_settings(settings.correlators).describe()
         lease_config(settings)
     except ConfigError as error:

@@ -838,6 +838,18 @@ def known_variables() -> list[str]:
     return names
 
 
+# The variables Kubernetes gives every pod for each service of its namespace (a service ``camunda`` makes
+# ``CAMUNDA_SERVICE_HOST``, ``CAMUNDA_PORT_8080_TCP_ADDR``, …): never a misspelt setting.
+SERVICE_LINK = re.compile(
+    r"_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$"
+)
+
+
+def kubernetes_service_link(name: str) -> bool:
+    """True for a variable Kubernetes sets for a service (``<SERVICE>_SERVICE_HOST``, ``<SERVICE>_PORT_…``)."""
+    return SERVICE_LINK.search(name.upper()) is not None
+
+
 def check_unknown_variables(environ: Mapping[str, str]) -> None:
     """Refuse a misspelt setting instead of silently ignoring it.
 

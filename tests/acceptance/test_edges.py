@@ -136,6 +136,40 @@ def test_every_command_refuses_such_a_setting_before_doing_anything(
     assert one_line_error(cli(pg_db, subcommand, **settings)).startswith("correlation-worker: invalid setting ")
 
 
+CAMUNDA8_ROUTE = json.dumps({"*": {"type": "camunda8"}})
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "-1"}, "OTEL_BSP_MAX_QUEUE_SIZE: '-1' is not a whole number of at least 1"),
+        ({"OTEL_BSP_SCHEDULE_DELAY": "abc"}, "OTEL_BSP_SCHEDULE_DELAY: 'abc' is not a whole number"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "bogus"}, "OTEL_EXPORTER_OTLP_PROTOCOL: 'bogus' is not one of"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "notaurl"}, "OTEL_EXPORTER_OTLP_ENDPOINT: 'notaurl' is not an http(s) URL"),
+        ({"OTEL_TRACES_EXPORTR": "otlp"}, "OTEL_TRACES_EXPORTR: is not an OpenTelemetry setting; did you mean "
+         "OTEL_TRACES_EXPORTER?"),
+        ({"CAMUNDA_REST_ADRESS": "http://camunda:8080"}, "CAMUNDA_REST_ADRESS: is not a setting of the Camunda SDK, "
+         "which would ignore it; did you mean CAMUNDA_REST_ADDRESS?"),
+        ({"CAMUNDA_REST_ADDRESS": "notaurl"}, "CAMUNDA_REST_ADDRESS: 'notaurl' is not an http(s) URL"),
+        ({"CAMUNDA_REST_ADDRESS": "http://camunda:8080/?x=1"}, "CAMUNDA_REST_ADDRESS: 'http://camunda:8080/?x=1' has "
+         "a query"),
+        ({"CAMUNDA_AUTH_STRATEGY": "oauth"}, "CAMUNDA_AUTH_STRATEGY: the Camunda SDK refused it"),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+def test_an_engine_or_tracing_variable_that_cannot_work_is_one_line_for_check_config_and_run(
+    pg_db: Database, monkeypatch: pytest.MonkeyPatch, command: str, environ: dict[str, str], said: str
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    if command == "run":
+        line = startup_error(run_to_exit(pg_db, correlators=CAMUNDA8_ROUTE))
+    else:
+        line = one_line_error(cli(pg_db, command, correlators=CAMUNDA8_ROUTE))
+    assert line.startswith(f"correlation-worker: invalid setting {said}"), line
+
+
 def test_postgres_urls_work_like_postgresql_ones_in_every_command_and_the_engine(
     pg_db: Database, start_worker: StartWorker
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -166,3 +168,33 @@ def test_the_camunda8_correlator_carries_the_context_through_the_sdks_client(
         assert sent.split("-")[1:3] == [call.trace_id, client.span_id]
     finally:
         cluster.close()
+
+
+def test_a_black_holed_exporter_does_not_hold_sigterm_past_a_few_seconds(
+    pg_db: Database, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector that takes the connection and never answers: the last spans are given up after a bounded wait
+    (the exporter's own timeout and retries would hold the exit for half a minute, past Kubernetes' grace)."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as hole:  # listens, never accepts, never answers
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{hole.getsockname()[1]}")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # the call's span waits in the buffer until the stop
+        process = start_worker(pg_db, shutdown__grace="PT1S")
+        row_id = pg_db.insert("order.paid", "k-1", {})
+        wait_until(lambda: pg_db.gone(row_id), what="correlated", workers=[process])
+        started = time.monotonic()
+        code = process.stop()
+        took = time.monotonic() - started
+    assert code == 0 and took < 8, f"exit {code} after {took:.1f}s"
+    assert "the span exporter did not take the last spans within 3s" in process.log()
+
+
+def test_otel_sdk_disabled_turns_tracing_off_whatever_else_is_set(
+    pg_db: Database, start_worker: StartWorker, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    process = start_worker(pg_db)
+    row_id = pg_db.insert("order.paid", "k-2", {})
+    wait_until(lambda: pg_db.gone(row_id), what="correlated", workers=[process])
+    assert process.stop() == 0
+    assert receiver.spans == [] and "tracing off: OTEL_SDK_DISABLED=true" in process.log()

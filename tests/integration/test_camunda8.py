@@ -12,12 +12,16 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import stop_at_teardown
 from tests.engines import Answer, FakeCamunda8, problem
 from tests.unit.factories import message
-from worker.config import ConfigError
+from worker.config import ConfigError, Settings
 from worker.correlators import Router
 from worker.correlators.camunda8 import Camunda8Correlator
 from worker.correlators.network import TargetBusy, TargetUnavailable
+from worker.db.store import NewMessage, Store
+from worker.engine.engine import AllSlots, Engine
+from worker.message import MessageState
 from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry, result_of
 
 
@@ -199,7 +203,8 @@ def test_bad_specs_are_refused_in_one_line(cluster: FakeCamunda8, spec: dict[str
 def test_the_sdks_settings_errors_are_one_line_without_the_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CAMUNDA_AUTH_STRATEGY", "KERBEROS")
     monkeypatch.setenv("CAMUNDA_CLIENT_SECRET", "hunter2-secret")
-    with pytest.raises(ConfigError, match="the Camunda SDK refused its settings") as raised:
+    refusal = "invalid setting CAMUNDA_AUTH_STRATEGY: the Camunda SDK refused it"
+    with pytest.raises(ConfigError, match=refusal) as raised:
         correlator()
     assert "hunter2" not in str(raised.value) and "\n" not in str(raised.value)
 
@@ -232,3 +237,175 @@ def test_check_config_says_where_messages_go_and_never_the_secret(monkeypatch: p
         assert fake.client_secret not in shown
     finally:
         fake.close()
+
+
+# -- answers that are not Camunda's: charged failures naming what came back -------------------------------------
+
+NO_SUBSCRIPTION = (
+    "Expected to find subscription for message with name 'order.paid' and correlation key 'k', but none was found."
+)
+
+
+@pytest.mark.parametrize(
+    "detail",
+    [
+        NO_SUBSCRIPTION,
+        f"Command 'CORRELATE' rejected with code 'NOT_FOUND': {NO_SUBSCRIPTION}",
+        "Expected to find subscription for message with name 'order.paid' and correlation key 'k', but no active "
+        "subscription was found. A process instance with this correlation key is already active for a message start "
+        "event with this message name.",
+    ],
+)
+def test_camundas_no_subscription_404_is_not_yet(cluster: FakeCamunda8, detail: str) -> None:
+    cluster.answer_next(Answer(404, problem(404, "NOT_FOUND", detail)))
+    with pytest.raises(Reschedule, match="no process instance waits"):
+        correlator()(message(1, "k"))
+
+
+@pytest.mark.parametrize("mode", ["correlate", "publish"])
+@pytest.mark.parametrize(
+    ("queued", "shown"),
+    [
+        (Answer(404, raw="<html><head><title>404 Not Found</title></head><body><center>nginx</center></body></html>",
+                headers={"Content-Type": "text/html"}), "(text/html) <html><head><title>404 Not Found"),
+        (Answer(404, {"error": "no route for this host"}), '{"error": "no route for this host"}'),
+        (Answer(404, problem(404, "Not Found", "No endpoint POST /api/v2/messages/correlation.")),
+         "Not Found: No endpoint POST"),
+        (Answer(404, problem(404, "NOT_FOUND", "Process definition with key '1' not found")),
+         "NOT_FOUND: Process definition with key '1' not found"),
+        (Answer(404, raw=""), "empty body"),
+        (Answer(404, raw="x" * 5000, headers={"Content-Type": "text/plain"}), "(text/plain) " + "x" * 200 + "…"),
+    ],
+)
+def test_any_other_404_is_a_charged_failure_naming_the_status_and_the_body(
+    cluster: FakeCamunda8, mode: str, queued: Answer, shown: str
+) -> None:
+    """Only Camunda's own "no subscription" problem is "not yet": a wrong base path or an ingress's page answered
+    404 would otherwise keep every message for ever without an attempt."""
+    cluster.answer_next(queued)
+    with pytest.raises(Retry) as raised:
+        correlator(mode=mode)(message(1, "k"))
+    assert type(raised.value) is Retry  # charged: not the target's back-pressure or outage
+    reason = str(raised.value)
+    assert "answered 404, not Camunda's REST API; check CAMUNDA_REST_ADDRESS" in reason and shown in reason
+    assert len(reason) < 600
+
+
+def test_a_wrong_base_path_is_a_charged_failure(cluster: FakeCamunda8, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMUNDA_REST_ADDRESS", cluster.url + "/api")  # the SDK appends /v2: /api/v2/...
+    with pytest.raises(Retry, match=r"404, not Camunda's REST API.*No endpoint /api/v2/messages/correlation"):
+        correlator()(message(1, "k"))
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_is_a_charged_failure_naming_its_location(cluster: FakeCamunda8, status: int) -> None:
+    cluster.answer_next(Answer(status, raw="", headers={"Location": "https://login.example.com/?user=a&token=s3"}))
+    with pytest.raises(Retry) as raised:
+        correlator()(message(1, "k"))
+    assert type(raised.value) is Retry
+    assert f"answered {status} to https://login.example.com/?user=a&token=***, not Camunda's" in str(raised.value)
+
+
+@pytest.mark.parametrize("tenant", [42, 0, "", "   ", None, True, ["shop-eu"], {"id": "shop-eu"}])
+def test_a_tenant_header_that_is_no_tenant_is_dead_naming_the_header_and_nothing_is_sent(
+    cluster: FakeCamunda8, tenant: object
+) -> None:
+    for send in (correlator(), correlator(tenant_id="shop-us"), correlator(mode="publish")):
+        with pytest.raises(PermanentError, match=r"header 'tenantId' is .*: a tenant is a non-empty string"):
+            send(message(1, "k", headers={"tenantId": tenant}))
+    assert cluster.recorded(FakeCamunda8.CORRELATE) == [] and cluster.recorded(FakeCamunda8.PUBLISH) == []
+
+
+# -- the SDK's variables, refused at the door in one line naming the variable ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "refusal"),
+    [
+        ({"CAMUNDA_REST_ADRESS": "http://camunda:8080"},
+         "CAMUNDA_REST_ADRESS: is not a setting of the Camunda SDK, which would ignore it; did you mean "
+         "CAMUNDA_REST_ADDRESS?"),
+        ({"CAMUNDA_CLIENTSECRET": "x"}, "CAMUNDA_CLIENTSECRET: .* did you mean CAMUNDA_CLIENT_SECRET?"),
+        ({"CAMUNDA_TENNANT_ID": "shop"}, "CAMUNDA_TENNANT_ID: .* did you mean CAMUNDA_TENANT_ID?"),
+        ({"ZEEBE_ADDRESS": "camunda:26500"}, "ZEEBE_ADDRESS: .* did you mean ZEEBE_REST_ADDRESS?"),
+        ({"CAMUNDA_REST_ADDRESS": "notaurl"}, "CAMUNDA_REST_ADDRESS: 'notaurl' is not an http\\(s\\) URL"),
+        ({"CAMUNDA_REST_ADDRESS": ""}, "CAMUNDA_REST_ADDRESS: '' is not an http\\(s\\) URL"),
+        ({"CAMUNDA_REST_ADDRESS": "camunda:8080"}, "CAMUNDA_REST_ADDRESS: 'camunda:8080' is not an http"),
+        ({"CAMUNDA_REST_ADDRESS": "ftp://camunda"}, "CAMUNDA_REST_ADDRESS: 'ftp://camunda' is not an http"),
+        ({"CAMUNDA_REST_ADDRESS": "http://camunda:8080?tenant=a"}, "CAMUNDA_REST_ADDRESS: .* has a query"),
+        ({"CAMUNDA_REST_ADDRESS": "http://camunda:8080/#v2"}, "CAMUNDA_REST_ADDRESS: .* has a query or fragment"),
+        ({"CAMUNDA_REST_ADDRESS": "http://camunda:99999"}, "CAMUNDA_REST_ADDRESS: .* is not a URL"),
+        ({"CAMUNDA_REST_ADDRESS": "http:///v2"}, "CAMUNDA_REST_ADDRESS: .* is not an http"),
+        ({"ZEEBE_REST_ADDRESS": "notaurl"}, "ZEEBE_REST_ADDRESS: 'notaurl' is not an http"),
+        ({"CAMUNDA_AUTH_STRATEGY": "OAUTH", "CAMUNDA_CLIENT_ID": "w", "CAMUNDA_CLIENT_SECRET": "s",
+          "CAMUNDA_OAUTH_URL": "login/token"}, "CAMUNDA_OAUTH_URL: 'login/token' is not an http"),
+        ({"CAMUNDA_AUTH_STRATEGY": "oauth"}, "CAMUNDA_AUTH_STRATEGY: the Camunda SDK refused it"),
+        ({"CAMUNDA_SDK_LOG_LEVEL": "loud"}, "CAMUNDA_SDK_LOG_LEVEL: the Camunda SDK refused it"),
+        ({"CAMUNDA_REST_ADDRESS_EXACT": "maybe"}, "CAMUNDA_REST_ADDRESS_EXACT: the Camunda SDK refused it"),
+        ({"CAMUNDA_WORKER_TIMEOUT": "soon"}, "CAMUNDA_WORKER_TIMEOUT: the Camunda SDK refused it"),
+        ({"CAMUNDA_AUTH_STRATEGY": "BASIC"}, "CAMUNDA_BASIC_AUTH_USERNAME: the Camunda SDK refused it"),
+    ],
+)
+def test_a_misspelt_or_malformed_sdk_variable_is_refused_in_one_line_naming_it(
+    cluster: FakeCamunda8, monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], refusal: str
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    if "ZEEBE_REST_ADDRESS" in environ:
+        monkeypatch.delenv("CAMUNDA_REST_ADDRESS")
+    with pytest.raises(ConfigError, match=f"^invalid setting {refusal}") as raised:
+        correlator()
+    assert "\n" not in str(raised.value)
+
+
+def test_kubernetes_service_links_of_a_service_named_camunda_or_zeebe_are_not_taken_for_settings(
+    cluster: FakeCamunda8, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("CAMUNDA_SERVICE_HOST", "CAMUNDA_PORT", "CAMUNDA_PORT_8080_TCP_ADDR", "ZEEBE_SERVICE_PORT_REST",
+                 "CAMUNDA_ZEEBE_GATEWAY_PORT_26500_TCP_PROTO"):
+        monkeypatch.setenv(name, "10.0.0.7")
+    cluster.wait_for("order.paid", "k")
+    assert "processInstanceKey" in answer(correlator()(message(1, "k")))
+
+
+@pytest.mark.parametrize("url", ["http://camunda:8080/v2?x=1", "http://camunda:8080 /v2", "http://:8080"])
+def test_a_routes_url_that_cannot_be_the_rest_address_is_refused(cluster: FakeCamunda8, url: str) -> None:
+    with pytest.raises(ConfigError, match=r"^invalid setting CORRELATION_CORRELATORS\[\*\]: url "):
+        correlator(url=url)
+
+
+# -- what the row keeps: the engine's answer, never the worker's frames -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("queued", "headers", "reason"),
+    [
+        (Answer(400, problem(400, "INVALID_ARGUMENT", "The value of timeToLive is negative")), {},
+         "PermanentError: POST {url} answered 400: INVALID_ARGUMENT: The value of timeToLive is negative"),
+        (Answer(404, raw="<html><body>Not Found</body></html>", headers={"Content-Type": "text/html"}), {},
+         "Retry: POST {url} answered 404, not Camunda's REST API; check CAMUNDA_REST_ADDRESS (or the route's url): "
+         "(text/html) <html><body>Not Found</body></html>"),
+        (Answer(302, raw="", headers={"Location": "https://camunda.example.com/v2/messages/correlation"}), {},
+         "Retry: POST {url} answered 302 to https://camunda.example.com/v2/messages/correlation, not Camunda's REST "
+         "API; check CAMUNDA_REST_ADDRESS (or the route's url): (no Content-Type, empty body)"),
+        (Answer(500, problem(500, "INTERNAL", "the broker failed")), {},
+         "Retry: POST {url} answered 500: INTERNAL: the broker failed"),
+        (None, {"tenantId": 42}, "PermanentError: header 'tenantId' is 42: a tenant is a non-empty string"),
+    ],
+)
+def test_last_error_is_the_engines_answer_never_a_traceback(
+    any_store: Store, cluster: FakeCamunda8, queued: Answer | None, headers: dict[str, object], reason: str
+) -> None:
+    if queued is not None:
+        cluster.answer_next(queued)
+    router = Router.from_settings({"*": {"type": "camunda8"}})
+    engine = Engine(any_store, router, Settings(policy={"max_retries": 1}, metrics={"enabled": False}),
+                    AllSlots(any_store.slot_count))
+    stop_at_teardown(lambda: engine.stop(grace=0))
+    row_id = any_store.messages_insert(NewMessage(name="order.paid", hint="k", payload={}, headers=headers))
+    assert row_id is not None
+    engine.run_once()
+    row = any_store.messages_get(row_id)
+    assert row is not None and row.state is MessageState.DEAD
+    assert (row.last_error or "").startswith(reason.format(url=f"{cluster.rest}/messages/correlation")), row.last_error
+    assert "Traceback" not in (row.last_error or "") and 'File "' not in (row.last_error or "")

@@ -13,8 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.unit.factories import message
+from worker.config import ConfigError
 from worker.policy.outcomes import HandlerTimeout, PermanentError, Reschedule, Retry
-from worker.service.tracing import TraceFilter, Tracing, exporters_configured
+from worker.service.tracing import TraceFilter, Tracing, check_environment, exporters_configured
 
 TRACE, SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE}-{SPAN}-01"
@@ -180,10 +181,84 @@ def test_an_exception_whose_text_cannot_be_read_still_ends_its_span_with_the_out
     assert [event.name for event in call.events] == ["exception"]
 
 
-def test_an_exporter_name_the_worker_does_not_know_is_named_and_no_tracing_starts(
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "-1", "'-1' is not a whole number of at least 1"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0", "'0' is not a whole number of at least 1"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "abc", "'abc' is not a whole number of at least 1"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "-5", "'-5' is not a whole number of at least 0"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096", "4096 is more than the queue holds (OTEL_BSP_MAX_QUEUE_SIZE, 2048)"),
+        ("OTEL_BLRP_MAX_QUEUE_SIZE", "many", "'many' is not a whole number"),
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "-1", "'-1' is not a whole number of at least 0"),
+        ("OTEL_SDK_DISABLED", "yes", "'yes' is neither true nor false"),
+        ("OTEL_EXPORTER_OTLP_INSECURE", "1", "'1' is neither true nor false"),
+        ("OTEL_TRACES_EXPORTER", "zipkin", "'zipkin' is not one of otlp, console, none"),
+        ("OTEL_TRACES_EXPORTER", "otlp,jaeger", "'jaeger' is not one of otlp, console, none"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "bogus", "'bogus' is not one of grpc, http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json", "'http/json' is not one of grpc, http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd", "'zstd' is not one of gzip, deflate, none"),
+        ("OTEL_TRACES_SAMPLER", "sometimes", "'sometimes' is not one of always_on"),
+        ("OTEL_TRACES_SAMPLER_ARG", "1.5", "'1.5' is not a number from 0 to 1"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "ten", "'ten' is not a number of seconds"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "notaurl", "'notaurl' is not an http(s) URL with a host"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318", "'collector:4318' is not an http(s) URL"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:99999/v1/traces", "is not a URL"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "Bearer s3cret-token", "is not a comma-separated list of key=value pairs"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "=eu", "is not a comma-separated list of key=value pairs"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem", "'/nonexistent/ca.pem' is not a readable file"),
+        ("OTEL_PROPAGATORS", "b3", "'b3' is not one of baggage, tracecontext, none"),
+        ("OTEL_EXPORTER_OTLP_ENDPONT", "http://c:4318", "is not an OpenTelemetry setting; did you mean "
+         "OTEL_EXPORTER_OTLP_ENDPOINT?"),
+        ("OTEL_SERVICENAME", "orders", "did you mean OTEL_SERVICE_NAME?"),
+        ("OTEL_TRACE_EXPORTER", "otlp", "did you mean OTEL_TRACES_EXPORTER?"),
+        ("OTEL_BSP_MAX_QUEUE", "10", "did you mean OTEL_BSP_MAX_QUEUE_SIZE?"),
+    ],
+)
+def test_a_malformed_or_misspelt_otel_variable_is_refused_in_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, said: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as raised:
+        Tracing.from_environment(replica="r")  # whether tracing would be on or not
+    text = str(raised.value)
+    assert text.startswith("invalid setting OTEL_") and name in text and said in text, text
+    assert "\n" not in text and "s3cret" not in text
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example.com:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+         "OTEL_BSP_MAX_QUEUE_SIZE": "4096", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096", "OTEL_SDK_DISABLED": "FALSE",
+         "OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc,x-team=orders", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+         "OTEL_TRACES_SAMPLER_ARG": "0.25", "OTEL_EXPORTER_OTLP_TIMEOUT": "2.5",
+         "OTEL_PROPAGATORS": "tracecontext,baggage", "OTEL_PYTHON_LOG_CORRELATION": "true",
+         "OTEL_METRICS_EXPORTER": "none"},
+    ],
+)
+def test_well_formed_otel_variables_pass_without_a_word(environ: dict[str, str]) -> None:
+    assert check_environment(environ) == []
+
+
+def test_kubernetes_service_links_of_a_service_named_otel_pass_without_a_word() -> None:
+    links = {"OTEL_SERVICE_HOST": "10.0.0.9", "OTEL_PORT": "tcp://10.0.0.9:4318", "OTEL_PORT_4318_TCP_ADDR": "10.0.0.9",
+             "OTEL_COLLECTOR_SERVICE_PORT_OTLP_HTTP": "4318"}
+    assert check_environment(links) == []
+
+
+def test_an_otel_name_far_from_any_known_one_is_a_warning_not_a_refusal() -> None:
+    """The OpenTelemetry Operator injects OTEL_POD_IP and OTEL_NODE_IP into pods it instruments."""
+    assert check_environment({"OTEL_POD_IP": "10.0.0.7"}) == [
+        "OTEL_POD_IP is not an OpenTelemetry setting the worker knows: ignored"
+    ]
+
+
+def test_otel_sdk_disabled_means_no_tracing_even_with_an_exporter(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "True")
     with caplog.at_level(logging.INFO, logger="worker.service.tracing"):
         assert Tracing.from_environment(replica="r") is None
-    assert "'zipkin' is not known here" in caplog.text and "tracing on" not in caplog.text
+    assert "tracing off: OTEL_SDK_DISABLED=true" in caplog.text and "tracing on" not in caplog.text

@@ -1181,6 +1181,8 @@ class Lanes:
             ), None
         except asyncio.CancelledError:
             raise
+        except (Retry, PermanentError, Reschedule) as outcome:  # the target's answer, in words: no frames kept
+            error, returned = outcome.with_traceback(None), None
         except BaseException as failure:  # any outcome, never a crash
             error, returned = failure, None
         else:

@@ -253,8 +253,13 @@ def _storable(value: object) -> object:
 
 
 def describe_exception(error: BaseException, limit: int = ERROR_HEAD_LIMIT) -> str:
-    """A readable, bounded head of an exception: the message first, then the innermost frames."""
+    """A readable, bounded head of an exception: the message first, then the innermost frames (none for an
+    exception that carries none: a target's answer, whose words are the whole reason)."""
     summary = f"{type(error).__name__}: {_safe_str(error)}"
+    if error.__traceback__ is None and error.__cause__ is None and (
+        error.__context__ is None or error.__suppress_context__
+    ):
+        return storable_text(summary, limit)
     try:
         frames = "".join(traceback.format_exception(error)[-6:])
     except BaseException:  # formatting calls str() again, and may fail the same way

@@ -3,7 +3,10 @@
 Off, at no cost, unless the extra is installed and an exporter is configured by the SDK's own environment
 variables (``OTEL_TRACES_EXPORTER`` other than ``none``, or an ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``); then
 ``OTEL_SERVICE_NAME`` (default ``correlation-worker``), ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``,
-``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` apply as the SDK reads them.
+``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` apply as the SDK reads them. ``OTEL_SDK_DISABLED=true`` keeps it off.
+Every ``OTEL_*`` variable is checked first (:func:`check_environment`): a value the SDK would refuse with a
+traceback or silently replace is a ConfigError naming the variable, as is a name close to a known one. At stop,
+the last spans get :data:`SHUTDOWN_BOUND` seconds to leave.
 
 - Each call is a ``CONSUMER`` span ``process <message_name>`` with the messaging semantic conventions'
   attributes; its status and an exception event tell the outcome (retry, not yet, dead, timeout).
@@ -18,19 +21,195 @@ variables (``OTEL_TRACES_EXPORTER`` other than ``none``, or an ``OTEL_EXPORTER_O
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
+import math
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
+from worker.config import ConfigError, kubernetes_service_link
 from worker.message import Message
+from worker.redact import redact_url
 
 logger = logging.getLogger(__name__)
 
 SYSTEM = "correlation_worker"
 TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
+SHUTDOWN_BOUND = 3.0  # seconds the last spans may take to leave as the replica stops
+
+
+# -- the OTEL_* variables, checked at startup -------------------------------------------------------------------
+
+BOOLEANS = ("true", "false")
+EXPORTERS = ("otlp", "console", "none")
+PROTOCOLS = ("grpc", "http/protobuf")  # OpenTelemetry's Python OTLP exporters have no http/json
+COMPRESSIONS = ("gzip", "deflate", "none")
+SAMPLERS = (
+    "always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+# Each variable of traces this worker's SDK reads, by the kind of value it takes; every other OTEL_* name it knows
+# is taken as given (metrics, logs: not sent by the worker).
+SIGNALS = ("", "TRACES_", "METRICS_", "LOGS_")
+KINDS: dict[str, str] = {
+    "OTEL_SDK_DISABLED": "boolean",
+    "OTEL_TRACES_EXPORTER": "exporters",
+    "OTEL_TRACES_SAMPLER": "sampler",
+    "OTEL_TRACES_SAMPLER_ARG": "ratio",
+    "OTEL_PROPAGATORS": "propagators",
+    "OTEL_SERVICE_NAME": "text",
+    "OTEL_RESOURCE_ATTRIBUTES": "pairs",
+    **{f"OTEL_{p}_SCHEDULE_DELAY": "positive" for p in ("BSP", "BLRP")},
+    **{f"OTEL_{p}_EXPORT_TIMEOUT": "count" for p in ("BSP", "BLRP")},
+    **{f"OTEL_{p}_MAX_QUEUE_SIZE": "positive" for p in ("BSP", "BLRP")},
+    **{f"OTEL_{p}_MAX_EXPORT_BATCH_SIZE": "positive" for p in ("BSP", "BLRP")},
+    **{
+        f"OTEL_{name}_LIMIT": "count"
+        for name in (
+            "ATTRIBUTE_COUNT", "ATTRIBUTE_VALUE_LENGTH", "EVENT_ATTRIBUTE_COUNT", "LINK_ATTRIBUTE_COUNT",
+            "SPAN_ATTRIBUTE_COUNT", "SPAN_ATTRIBUTE_VALUE_LENGTH", "SPAN_EVENT_COUNT", "SPAN_LINK_COUNT",
+        )
+    },
+    **{f"OTEL_EXPORTER_OTLP_{signal}ENDPOINT": "url" for signal in SIGNALS},
+    **{f"OTEL_EXPORTER_OTLP_{signal}PROTOCOL": "protocol" for signal in SIGNALS},
+    **{f"OTEL_EXPORTER_OTLP_{signal}TIMEOUT": "seconds" for signal in SIGNALS},
+    **{f"OTEL_EXPORTER_OTLP_{signal}COMPRESSION": "compression" for signal in SIGNALS},
+    **{f"OTEL_EXPORTER_OTLP_{signal}INSECURE": "boolean" for signal in SIGNALS},
+    **{f"OTEL_EXPORTER_OTLP_{signal}HEADERS": "pairs" for signal in SIGNALS},
+    **{f"OTEL_EXPORTER_OTLP_{signal}{file}": "file" for signal in SIGNALS
+       for file in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")},
+}
+# Names other OpenTelemetry components read (instrumentations, the operator's injected variables): passed, unless
+# a name is close to one of the known ones.
+OTHER_PREFIXES = ("OTEL_PYTHON_", "OTEL_INSTRUMENTATION_", "OTEL_SEMCONV_")
+
+
+def check_environment(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Refuse a malformed or misspelt ``OTEL_*`` variable (ConfigError, one line naming it) before tracing starts;
+    returns a warning for each unknown name that is not close to a known one (e.g. ``OTEL_POD_IP`` from the
+    OpenTelemetry Operator)."""
+    known: set[str] = set()
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith("OTEL_"):
+            continue
+        value = environ[name]
+        if name in KINDS:
+            problem = _value_problem(KINDS[name], value.strip())
+            if problem is not None:
+                raise ConfigError(f"invalid setting {name}: {problem}")
+        elif (
+            not name.startswith(OTHER_PREFIXES)
+            and not kubernetes_service_link(name)
+            and name not in (known := known or _known_names())
+        ):
+            guess = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+            if guess:
+                raise ConfigError(f"invalid setting {name}: is not an OpenTelemetry setting; did you mean {guess[0]}?")
+            warnings.append(f"{name} is not an OpenTelemetry setting the worker knows: ignored")
+    problem = _batch_problem(environ)
+    if problem is not None:
+        raise ConfigError(problem)
+    return warnings
+
+
+def _known_names() -> set[str]:
+    """Every OTEL_* variable of the specification's SDK environment this worker's SDK names (its own list when
+    the otel extra is installed)."""
+    names = set(KINDS) | {
+        "OTEL_LOG_LEVEL", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER", "OTEL_CONFIG_FILE",
+        "OTEL_EXPORTER_ZIPKIN_ENDPOINT", "OTEL_EXPORTER_ZIPKIN_TIMEOUT", "OTEL_METRIC_EXPORT_INTERVAL",
+        "OTEL_METRIC_EXPORT_TIMEOUT", "OTEL_METRICS_EXEMPLAR_FILTER", "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS",
+    }
+    for module in ("opentelemetry.environment_variables", "opentelemetry.sdk.environment_variables"):
+        try:
+            constants = vars(importlib.import_module(module))
+        except ImportError:
+            continue
+        names |= {value for key, value in constants.items() if key.startswith("OTEL_") and isinstance(value, str)}
+    return names
+
+
+def _value_problem(kind: str, value: str) -> str | None:
+    """Why ``value`` is not one of ``kind`` (one clause), or None. A value that may be a secret is never shown."""
+    shown = repr(value[:60])
+    if kind == "boolean":
+        return None if value.lower() in BOOLEANS else f"{shown} is neither true nor false"
+    if kind in ("exporters", "propagators"):
+        allowed = EXPORTERS if kind == "exporters" else _propagators()
+        for item in (part.strip() for part in value.split(",")):
+            if item and item not in allowed:
+                return f"{item!r} is not one of {', '.join(allowed)}"
+        return None
+    if kind in ("sampler", "protocol", "compression"):
+        allowed = {"sampler": SAMPLERS, "protocol": PROTOCOLS, "compression": COMPRESSIONS}[kind]
+        return None if value in allowed else f"{shown} is not one of {', '.join(allowed)}"
+    if kind in ("positive", "count"):
+        least = 1 if kind == "positive" else 0
+        if not value.isdigit() or int(value) < least:
+            return f"{shown} is not a whole number of at least {least}"
+        return None
+    if kind in ("ratio", "seconds"):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number < 0 or (kind == "ratio" and number > 1):
+            return f"{shown} is not a number from 0 to 1" if kind == "ratio" else f"{shown} is not a number of seconds"
+        return None
+    if kind == "url":
+        return _url_problem(value)
+    if kind == "pairs":
+        for pair in filter(None, (part.strip() for part in value.split(","))):
+            if not pair.partition("=")[0].strip() or "=" not in pair:
+                return "is not a comma-separated list of key=value pairs"
+        return None
+    if kind == "file":
+        return None if os.path.isfile(value) else f"{shown} is not a readable file"
+    return None
+
+
+def _url_problem(url: str) -> str | None:
+    shown = repr(redact_url(url))
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError as error:
+        return f"{shown} is not a URL ({error})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{shown} is not an http(s) URL with a host, e.g. http://otel-collector:4318"
+    return None
+
+
+def _propagators() -> tuple[str, ...]:
+    """The propagators installed (entry points of OpenTelemetry's API), and ``none``."""
+    from importlib.metadata import entry_points
+
+    return (*sorted({point.name for point in entry_points(group="opentelemetry_propagator")}), "none")
+
+
+def _batch_problem(environ: Mapping[str, str]) -> str | None:
+    """An export batch larger than the queue it is taken from (the SDK refuses it with a traceback)."""
+    for processor in ("BSP", "BLRP"):
+        queue = environ.get(f"OTEL_{processor}_MAX_QUEUE_SIZE", "").strip()
+        batch = environ.get(f"OTEL_{processor}_MAX_EXPORT_BATCH_SIZE", "").strip()
+        queue_size = int(queue) if queue.isdigit() else 2048
+        if batch.isdigit() and int(batch) > queue_size:
+            return (
+                f"invalid setting OTEL_{processor}_MAX_EXPORT_BATCH_SIZE: {batch} is more than the queue holds "
+                f"(OTEL_{processor}_MAX_QUEUE_SIZE, {queue_size})"
+            )
+    return None
+
+
+def tracing_disabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when ``OTEL_SDK_DISABLED=true``: no tracing at all, whatever else is set."""
+    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
 def exporters_configured(environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -56,9 +235,15 @@ class Tracing:
 
     @classmethod
     def from_environment(cls, *, replica: str, producer_context: str = "link") -> Tracing | None:
-        """Tracing as the OTEL_* variables configure it, or None when it is off (nothing imported)."""
+        """Tracing as the OTEL_* variables configure it, or None when it is off (nothing imported). A malformed
+        or misspelt OTEL_* variable is a ConfigError naming it."""
+        for warning in check_environment():
+            logger.warning("%s", warning)
         wanted = exporters_configured()
         if not wanted:
+            return None
+        if tracing_disabled():
+            logger.info("tracing off: OTEL_SDK_DISABLED=true")
             return None
         try:
             from opentelemetry.sdk.resources import Resource
@@ -74,7 +259,8 @@ class Tracing:
         if not exporters:  # each name said why it was refused: no spans would go anywhere
             return None
         attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "correlation-worker"}
-        provider = TracerProvider(resource=Resource.create(attributes))  # the sampler from OTEL_TRACES_SAMPLER
+        # The sampler from OTEL_TRACES_SAMPLER; shut down by the replica as it stops (bounded), not again at exit.
+        provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
         for exporter in exporters.values():
             provider.add_span_processor(BatchSpanProcessor(exporter))
         tracing = cls(provider, replica=replica, producer_context=producer_context)
@@ -159,9 +345,24 @@ class Tracing:
             self._inject(carrier)
             yield {key: carrier[key] for key in (TRACEPARENT, TRACESTATE) if key in carrier}
 
-    def shutdown(self) -> None:
-        """Send the spans still buffered, then stop."""
-        self.provider.shutdown()
+    def shutdown(self, bound: float = SHUTDOWN_BOUND) -> None:
+        """Send the spans still buffered, then stop; given up after ``bound`` seconds (an exporter that does not
+        answer must not hold the replica's exit past its grace: those spans are lost, and the log says so)."""
+        done = threading.Event()
+
+        def flush() -> None:
+            try:
+                self.provider.shutdown()
+            except Exception as error:  # an exporter failing at its end: the replica stops all the same
+                logger.warning("tracing: the exporter failed as it stopped: %s", error)
+            finally:
+                done.set()
+
+        threading.Thread(target=flush, name="tracing-shutdown", daemon=True).start()
+        if not done.wait(bound):
+            logger.warning(
+                "tracing: the span exporter did not take the last spans within %gs; stopping without them", bound
+            )
 
 
 class CallSpan:
