@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import TextClause
 
 from worker.config import DatabaseSettings
-from worker.db.errors import translate
+from worker.db.errors import DatabaseUnsuitable, translate
 from worker.db.schema import current_revision, head_revision, migrate
 from worker.message import MessageState
 
@@ -190,17 +190,51 @@ def _milliseconds(duration: timedelta) -> int:
     return max(1, int(duration.total_seconds() * 1000))
 
 
+# The session settings the worker's statements and its driver depend on, given at every login (libpq's
+# ``options``, which take precedence over what ALTER DATABASE and ALTER ROLE set): dates and intervals in the
+# formats psycopg reads, string literals and array NULLs read as the statements mean them, floats exact, and no
+# idle or transaction timeout of the role's ending a session the worker keeps in its pool or a call's
+# transaction (the worker bounds its calls itself). The search path is the role's: the worker uses the tables it
+# finds (see ``StoreBase.schema_revision``).
+SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("timezone", "UTC"),
+    ("datestyle", "ISO, MDY"),
+    ("intervalstyle", "postgres"),
+    ("standard_conforming_strings", "on"),
+    ("array_nulls", "on"),
+    ("transform_null_equals", "off"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+    ("exit_on_error", "off"),
+    ("default_transaction_isolation", "read committed"),
+    ("idle_in_transaction_session_timeout", "0"),
+)
+# Settings of later PostgreSQL releases (an unknown name in the login's options would refuse the login), set
+# after it on the servers that have them, with the release that brought them.
+_LATER_SESSION_SETTINGS = (("idle_session_timeout", "0", 140000), ("transaction_timeout", "0", 170000))
+
+
+def _option(name: str, value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace(" ", "\\ ")
+    return f"-c {name}={escaped}"
+
+
 def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
-    """libpq parameters of every worker session: timeouts, keepalives, UTC, a recognisable name."""
+    """libpq parameters of every worker session: the session settings, the timeouts, keepalives, UTF-8, a
+    recognisable name. ``options`` given in the URL come first (the worker's own settings win over them)."""
     keepalive = max(1, int(settings.keepalive.total_seconds()))
+    given = make_url(settings.url).query.get("options")
+    given_options = " ".join(given) if isinstance(given, tuple) else (given or "")
+    own = (
+        *SESSION_SETTINGS,
+        ("lock_timeout", str(_milliseconds(settings.lock_timeout))),
+        ("statement_timeout", str(_milliseconds(settings.statement_timeout))),
+    )
     return {
         "connect_timeout": int(settings.connect_timeout.total_seconds()),
         "application_name": "correlation-worker",
-        "options": (
-            "-c timezone=UTC -c default_transaction_isolation=read\\ committed"
-            f" -c lock_timeout={_milliseconds(settings.lock_timeout)}"
-            f" -c statement_timeout={_milliseconds(settings.statement_timeout)}"
-        ),
+        "client_encoding": "UTF8",
+        "options": " ".join(filter(None, [given_options, *(_option(name, value) for name, value in own)])),
         "keepalives": 1,
         "keepalives_idle": keepalive,
         "keepalives_interval": max(1, keepalive // 2),
@@ -208,6 +242,54 @@ def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
         # Unacknowledged data for this long means the peer is gone (e.g. a network partition mid-statement).
         "tcp_user_timeout": 3 * keepalive * 1000,
     }
+
+
+class PostgresLogin:
+    """Every PostgreSQL session of the worker begins here: logged in with :func:`postgres_connect_args`'s
+    parameters, then checked (:class:`DatabaseUnsuitable` for a database whose encoding is not UTF-8: its text
+    would reach the worker as bytes, and text the worker writes could not always be stored).
+
+    The settings of later releases (``_LATER_SESSION_SETTINGS``) are given at login too, once the first session
+    of the process has told the server's release: that first session is closed and opened again with them, since
+    a setting set after login would race a timeout shorter than a round trip.
+    """
+
+    def __init__(self, settings: DatabaseSettings) -> None:
+        self.options = postgres_connect_args(settings)["options"]
+        self.server_version: int | None = None
+
+    def _later(self, version: int | None) -> str:
+        return "".join(
+            " " + _option(name, value) for name, value, release in _LATER_SESSION_SETTINGS
+            if version is not None and version >= release
+        )
+
+    def connect(self, login: Callable[[str], Any]) -> Any:
+        """A new session, from ``login(options)`` (a psycopg connection), checked and set up."""
+        known = self.server_version
+        try:
+            driver = login(self.options + self._later(known))
+        except psycopg.Error as error:
+            if known is None or error.sqlstate != "42704":  # 42704: a setting this server does not know
+                raise
+            self.server_version = known = None  # another server (a failover to an older release): learn it again
+            driver = login(self.options)
+        try:
+            version = self.server_version = driver.info.server_version
+            encoding = driver.info.parameter_status("server_encoding")
+            encoding = encoding.decode("ascii", "replace") if isinstance(encoding, bytes) else encoding
+            if encoding not in ("UTF8", None):
+                raise DatabaseUnsuitable(
+                    f"the database's encoding is {encoding}; correlation-worker needs UTF8 (create the database "
+                    "with ENCODING 'UTF8' TEMPLATE template0 and move its data there)"
+                )
+        except BaseException:
+            driver.close()
+            raise
+        if self._later(version) != self._later(known):
+            driver.close()
+            driver = login(self.options + self._later(version))
+        return driver
 
 
 def _in_pipeline(driver: Any) -> bool:
@@ -236,7 +318,7 @@ def build_engine(settings: DatabaseSettings) -> Engine:
             connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=settings.pool_size,
         max_overflow=settings.pool_size,
@@ -250,6 +332,13 @@ def build_engine(settings: DatabaseSettings) -> Engine:
         connect_args=postgres_connect_args(settings),
         json_deserializer=json_loads,
     )
+    postgres_login = PostgresLogin(settings)
+
+    @event.listens_for(engine, "do_connect")
+    def _postgres_connect(dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        return postgres_login.connect(lambda options: dialect.connect(*cargs, **{**cparams, "options": options}))
+
+    return engine
 
 
 _DRIVER_SQL: dict[str, str] = {}
