@@ -243,7 +243,9 @@ class Worker:
                 "run `correlation-worker migrate` (or set CORRELATION_DATABASE__AUTO_MIGRATE=true)"
             )
         before, after = self.store.schema_migrate()
-        logger.info("schema migrated from %s to %s", before or "nothing", after)
+        schema = self.store.schema_name()
+        where = f" in schema {schema}" if schema else ""
+        logger.info("schema migrated from %s to %s%s", before or "nothing", after, where)
         self._check_schema_complete()
 
     def _check_schema_complete(self) -> None:

@@ -155,3 +155,51 @@ def test_a_database_not_in_utf8_is_refused_in_one_line(sql_ascii_db: Database, c
     assert "the database's encoding is SQL_ASCII; correlation-worker needs UTF8" in line, line
     tables = sql_ascii_db.execute("SELECT count(*) AS n FROM pg_tables WHERE tablename LIKE 'correlation%%'")
     assert tables[0]["n"] == 0  # nothing created
+
+
+# -- the search path ---------------------------------------------------------------------------------------------
+
+
+def tables_in(database: Database, schema: str) -> int:
+    """How many correlation_* tables schema ``schema`` holds."""
+    rows = database.execute(
+        "SELECT count(*) AS n FROM pg_tables WHERE schemaname = %s AND tablename LIKE 'correlation%%'", (schema,)
+    )
+    return int(rows[0]["n"])
+
+
+@pytest.mark.parametrize(
+    "path", ["other", "\"$user\", other", "nowhere"], ids=["other", "user-then-other", "no-schema"]
+)
+def test_a_search_path_that_misses_the_tables_is_refused_not_migrated_again(
+    pg_db: Database, start_worker: StartWorker, path: str
+) -> None:
+    """The database was migrated into public; its search path changed since. ``run`` and ``status`` refuse in one
+    line naming the search path and the schema holding the tables (``run`` creates no second set); the URL's options
+    (or ALTER ROLE) point the sessions back at them; ``migrate``, asked to, creates a separate set where the path
+    says and names that schema."""
+    pg_db.execute("CREATE SCHEMA other")
+    alter_database(pg_db, f"search_path = {path}")
+    for result in (run_to_exit(pg_db), cli(pg_db, "status")):
+        line = one_line_error(result)
+        assert f"search_path of the worker's sessions ({path}) finds no correlation-worker tables, but schema " \
+               "public holds them" in line, line
+    assert tables_in(pg_db, "other") == 0
+
+    url = make_url(pg_db.url).update_query_dict({"options": "-c search_path=public"})
+    process = start_worker(pg_db, database__url=url.render_as_string(hide_password=False),
+                           correlators=json.dumps({"*": "log"}))
+    row_id = pg_db.insert("order.paid", "order-1", {})
+    wait_until(lambda: pg_db.gone(row_id), what="the message correlated", workers=[process])
+    assert process.stop() == 0
+
+    migrated = cli(pg_db, "migrate")
+    if path == "nowhere":
+        assert "names no schema that exists" in one_line_error(migrated)
+        return
+    assert migrated.returncode == 0, migrated.stderr
+    assert "schema migrated from nothing to " in migrated.stdout, migrated.stdout
+    assert " on schema other of postgresql" in migrated.stdout, migrated.stdout
+    assert tables_in(pg_db, "other") > 0
+    shown = cli(pg_db, "status", "--output", "json")
+    assert shown.returncode == 0, shown.stderr

@@ -36,8 +36,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import TextClause
 
 from worker.config import DatabaseSettings
-from worker.db.errors import DatabaseUnsuitable, translate
-from worker.db.schema import current_revision, head_revision, migrate
+from worker.db.errors import URL_SETTING, DatabaseUnsuitable, translate
+from worker.db.schema import VERSION_TABLE, current_revision, head_revision, migrate
 from worker.message import MessageState
 
 T = TypeVar("T")
@@ -515,8 +515,36 @@ class StoreBase:
         return bool(self._run(lambda c: c.execute(statement).scalar_one()))
 
     def schema_revision(self) -> str | None:
-        """The schema revision of the database (None: never migrated)."""
-        return self._run(current_revision)
+        """The schema revision of the database (None: never migrated).
+
+        The schema is the tables the session's search path finds. Finding none while another schema of the
+        database holds a set (the search path changed after ``migrate``) raises :class:`DatabaseUnsuitable`
+        naming both, rather than reading as a database never migrated (where ``run`` would create a second set).
+        """
+
+        def work(connection: Connection) -> str | None:
+            revision = current_revision(connection)
+            if revision is None and self.dialect == "postgresql":
+                path, schema, holders = connection.execute(_SEARCH_PATH, {"table": VERSION_TABLE}).one()
+                if holders:
+                    raise DatabaseUnsuitable(
+                        f"the search_path of the worker's sessions ({path}) finds no correlation-worker tables, but "
+                        f"schema {', '.join(holders)} holds them: set the search_path to include it (ALTER ROLE or "
+                        "ALTER DATABASE ... SET search_path, or options=-csearch_path%3D... in "
+                        f"{URL_SETTING}), or run `correlation-worker migrate` to create a separate set in "
+                        f"{_schema_named(schema)}"
+                    )
+            return revision
+
+        return self._run(work)
+
+    def schema_name(self) -> str | None:
+        """The schema the session's search path creates tables in, where ``migrate`` puts them (PostgreSQL; None
+        on SQLite, and when no schema on the search path exists)."""
+        if self.dialect != "postgresql":
+            return None
+        schema = self._run(lambda c: c.execute(text("SELECT current_schema()")).scalar_one())
+        return None if schema is None else str(schema)
 
     def privileges_missing(self) -> list[str]:
         """The table privileges a replica needs that the database user lacks (PostgreSQL; [] on SQLite).
@@ -538,7 +566,15 @@ class StoreBase:
         return self.schema_revision() == head_revision()
 
     def schema_migrate(self) -> tuple[str | None, str]:
-        """Apply every pending migration; returns (revision before, revision after)."""
+        """Apply every pending migration; returns (revision before, revision after). On PostgreSQL the tables
+        go in the first schema of the session's search path that exists (:meth:`schema_name`)."""
+        if self.dialect == "postgresql" and self.schema_name() is None:
+            path = self._run(lambda c: c.execute(text("SELECT current_setting('search_path')")).scalar_one())
+            raise DatabaseUnsuitable(
+                f"the search_path of the worker's sessions ({path}) names no schema that exists, and "
+                "correlation-worker creates its tables in the first one that does: create the schema, or set "
+                f"the search_path (ALTER ROLE or ALTER DATABASE ... SET search_path, or options in {URL_SETTING})"
+            )
         try:
             return migrate(self.engine)
         except DBAPIError as error:
@@ -546,6 +582,23 @@ class StoreBase:
             if translated is None:
                 raise
             raise translated from error
+
+
+# The session's search path, the schema it creates tables in, and the schemas holding a table of that name that
+# the search path does not find.
+_SEARCH_PATH = text(
+    "SELECT current_setting('search_path'), current_schema(), "
+    "ARRAY(SELECT n.nspname FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = :table AND c.relkind IN ('r', 'p') AND NOT pg_catalog.pg_table_is_visible(c.oid) "
+    "ORDER BY n.nspname)"
+)
+
+
+def _schema_named(schema: str | None) -> str:
+    return "the schema the search_path names first (none of its schemas exists)" if schema is None else (
+        f"schema {schema}"
+    )
 
 
 def id_list(ids: Sequence[int]) -> str | None:
