@@ -11,8 +11,11 @@ Driver errors are translated at this boundary, by :mod:`worker.db.errors`: an un
 (or lost a deadlock) :class:`~worker.db.errors.DatabaseBusy`, a row the schema refuses
 :class:`~worker.db.errors.MessageRejected`. The first two are transient: the caller tries again later.
 
-PostgreSQL sessions run with the settings' ``lock_timeout`` and ``statement_timeout``, TCP keepalives, and the
-time zone UTC (so that every time the schema accepts can be read). SQLite write transactions start with
+PostgreSQL sessions run with the settings' ``lock_timeout`` and ``statement_timeout``, TCP keepalives, the time
+zone UTC (so that every time the schema accepts can be read) and the other session settings the worker depends on
+(:data:`SESSION_SETTINGS`), whatever the database or role sets; every session begins in :class:`PostgresLogin`.
+
+SQLite write transactions start with
 ``BEGIN IMMEDIATE``: the write lock is taken before the first read, so a fenced commit checks its lease under
 the same lock it writes under.
 """
