@@ -128,6 +128,36 @@ def test_a_database_with_session_settings_of_its_own_correlates_as_any_other(
     assert "Traceback" not in process.log() and " ERROR " not in process.log(), process.log()
 
 
+def test_a_role_with_session_settings_of_its_own_correlates_as_any_other(
+    pg_db: Database, start_worker: StartWorker
+) -> None:
+    """The same settings on the worker's role (ALTER ROLE ... SET), several at once, for a user that does not own
+    the tables."""
+    role = f"cw_role_{uuid.uuid4().hex[:12]}"
+    pg_db.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        pg_db.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        pg_db.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+        for setting in ("DateStyle = 'German'", "IntervalStyle = 'iso_8601'", "TimeZone = 'Pacific/Chatham'",
+                        "statement_timeout = '1ms'", "idle_in_transaction_session_timeout = '1ms'",
+                        "standard_conforming_strings = off", "client_encoding = 'LATIN1'"):
+            pg_db.execute(f"ALTER ROLE {role} SET {setting}")
+        url = make_url(pg_db.url).set(username=role, password=None).render_as_string(hide_password=False)
+        process = start_worker(pg_db, database__url=url, correlators=json.dumps({"*": "log"}))
+        row_id = pg_db.insert("order.paid", "order-1", {})
+        sent = cli(pg_db, "send", "order.paid", "order-2", "--ttl", "PT1H30M", database__url=url)
+        assert sent.returncode == 0, sent.stderr
+        wait_until(lambda: pg_db.gone(row_id) and not pg_db.messages(), what="both messages correlated",
+                   workers=[process])
+        assert http_get(f"http://127.0.0.1:{process.metrics_port()}/readyz") == (200, "ready\n")
+        assert process.metric("correlation_database_errors_total") == 0
+        assert "Traceback" not in process.log() and " ERROR " not in process.log(), process.log()
+        assert process.stop() == 0
+    finally:
+        pg_db.execute(f"DROP OWNED BY {role}")
+        pg_db.execute(f"DROP ROLE {role}")
+
+
 # -- what no session can change --------------------------------------------------------------------------------
 
 
