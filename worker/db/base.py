@@ -15,9 +15,8 @@ PostgreSQL sessions run with the settings' ``lock_timeout`` and ``statement_time
 zone UTC (so that every time the schema accepts can be read) and the other session settings the worker depends on
 (:data:`SESSION_SETTINGS`), whatever the database or role sets; every session begins in :class:`PostgresLogin`.
 
-SQLite write transactions start with
-``BEGIN IMMEDIATE``: the write lock is taken before the first read, so a fenced commit checks its lease under
-the same lock it writes under.
+SQLite write transactions start with ``BEGIN IMMEDIATE``: the write lock is taken before the first read, so a
+fenced commit checks its lease under the same lock it writes under.
 """
 
 from __future__ import annotations
@@ -272,8 +271,8 @@ class PostgresLogin:
         known = self.server_version
         try:
             driver = login(self.options + self._later(known))
-        except psycopg.Error as error:
-            if known is None or error.sqlstate != "42704":  # 42704: a setting this server does not know
+        except psycopg.Error as error:  # a login refused names the setting the server does not know
+            if not self._later(known) or not any(f'"{name}"' in str(error) for name, _, _ in _LATER_SESSION_SETTINGS):
                 raise
             self.server_version = known = None  # another server (a failover to an older release): learn it again
             driver = login(self.options)
