@@ -158,6 +158,44 @@ def test_a_role_with_session_settings_of_its_own_correlates_as_any_other(
         pg_db.execute(f"DROP ROLE {role}")
 
 
+# A trigger of the operator's refusing the rows of the console's charts: every gauges run fails with an error the
+# store does not know (as every run did under a DateStyle the driver could not read).
+REFUSING_TRIGGERS = {
+    "postgresql": [
+        "CREATE FUNCTION refuse_samples() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'samples are frozen for maintenance'; END $$",
+        "CREATE TRIGGER refuse_samples BEFORE INSERT ON correlation_sample "
+        "FOR EACH ROW EXECUTE FUNCTION refuse_samples()",
+    ],
+    "sqlite": [
+        "CREATE TRIGGER refuse_samples BEFORE INSERT ON correlation_sample "
+        "BEGIN SELECT RAISE(ABORT, 'samples are frozen for maintenance'); END",
+    ],
+}
+
+
+def test_a_background_loop_whose_every_run_fails_makes_the_replica_not_ready(
+    any_db: Database, start_worker: StartWorker
+) -> None:
+    """Messages are still correlated, but /readyz says which loop fails and why, in one line, until it works again."""
+    kind = "postgresql" if isinstance(any_db, PostgresDatabase) else "sqlite"
+    for statement in REFUSING_TRIGGERS[kind]:
+        any_db.execute(statement)
+    process = start_worker(any_db, correlators=json.dumps({"*": "log"}), metrics__gauges_interval="PT0.5S")
+    base = f"http://127.0.0.1:{process.metrics_port()}"
+    row_id = any_db.insert("order.paid", "order-1", {})
+    wait_until(lambda: any_db.gone(row_id), what="the message correlated", workers=[process])
+
+    _, reason = wait_until(lambda: (probe := http_get(base + "/readyz"))[0] == 503 and probe, timeout=60,
+                           what="/readyz to turn red", workers=[process])
+    assert reason.startswith("every gauges run has failed for ") and "samples are frozen for maintenance" in reason
+    assert len(reason.strip().splitlines()) == 1, reason
+    assert http_get(base + "/healthz")[0] == 200
+
+    any_db.execute("DROP TRIGGER refuse_samples" + (" ON correlation_sample" if kind == "postgresql" else ""))
+    wait_until(lambda: http_get(base + "/readyz") == (200, "ready\n"), what="/readyz green again", workers=[process])
+
+
 # -- what no session can change --------------------------------------------------------------------------------
 
 
