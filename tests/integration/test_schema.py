@@ -370,6 +370,7 @@ def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg
         store.schema_migrate()
         assert store.schema_revision() == head_revision()
         assert store.schema_missing() == []
+        assert store.schema_name() == "public"
         with store.engine.begin() as connection:
             connection.execute(text("ALTER TABLE correlation_message DROP COLUMN finished_by"))
             connection.execute(text("ALTER TABLE correlation_session_end SET SCHEMA elsewhere"))
@@ -382,5 +383,6 @@ def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg
         store.engine.dispose()  # new sessions take the database's search path
         assert store.schema_revision() == head_revision()
         assert store.schema_missing() == ["column correlation_message.finished_by"]  # the moved table found again
+        assert store.schema_name() == "elsewhere"  # the tables found, not the first schema of the path
     finally:
         store.close()

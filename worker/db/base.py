@@ -541,11 +541,12 @@ class StoreBase:
         return self._run(work)
 
     def schema_name(self) -> str | None:
-        """The schema the session's search path creates tables in, where ``migrate`` puts them (PostgreSQL; None
-        on SQLite, and when no schema on the search path exists)."""
+        """The schema of the tables the session's search path finds, or the one it creates tables in (where
+        ``migrate`` puts them) when it finds none (PostgreSQL; None on SQLite, and when no schema on the search path
+        exists)."""
         if self.dialect != "postgresql":
             return None
-        schema = self._run(lambda c: c.execute(text("SELECT current_schema()")).scalar_one())
+        schema = self._run(lambda c: c.execute(_SCHEMA_NAME, {"table": VERSION_TABLE}).scalar_one())
         return None if schema is None else str(schema)
 
     def privileges_missing(self) -> list[str]:
@@ -594,6 +595,15 @@ _SEARCH_PATH = text(
     "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
     "WHERE c.relname = :table AND c.relkind IN ('r', 'p') AND NOT pg_catalog.pg_table_is_visible(c.oid) "
     "ORDER BY n.nspname)"
+)
+
+
+# The schema of the version table the search path finds, else the schema the search path creates tables in.
+_SCHEMA_NAME = text(
+    "SELECT coalesce((SELECT n.nspname FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = :table AND c.relkind IN ('r', 'p') AND pg_catalog.pg_table_is_visible(c.oid)), "
+    "current_schema())"
 )
 
 
