@@ -26,7 +26,7 @@ from worker.config import ConfigError, DatabaseSettings, Settings, format_durati
 from worker.correlators import Router
 from worker.correlators.network import call_loop_stacks
 from worker.db.base import sqlite_file
-from worker.db.errors import connection_lost
+from worker.db.errors import connection_lost, from_database
 from worker.db.listener import Listener
 from worker.db.schema import check_revision_known, head_revision
 from worker.db.store import DatabaseUnavailable, SchemaIncomplete, Store, StoreError
@@ -476,6 +476,8 @@ class Worker:
                 self._loop_failed(name, interval, str(error))
             except Exception as error:  # a bug must not kill the loop; it is logged and the loop goes on
                 logger.exception("%s failed", name)
+                if from_database(error):  # a database error the store does not know: counted as `other`
+                    self.metrics.database_error(error)
                 lines = str(error).strip().splitlines()
                 self._loop_failed(name, interval, f"{type(error).__name__}: {lines[0] if lines else ''}")
             earlier = sooner()

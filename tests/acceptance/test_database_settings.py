@@ -191,6 +191,7 @@ def test_a_background_loop_whose_every_run_fails_makes_the_replica_not_ready(
     assert reason.startswith("every gauges run has failed for ") and "samples are frozen for maintenance" in reason
     assert len(reason.strip().splitlines()) == 1, reason
     assert http_get(base + "/healthz")[0] == 200
+    assert process.metric("correlation_database_errors_total") >= 3, "each failed run is counted"
 
     any_db.execute("DROP TRIGGER refuse_samples" + (" ON correlation_sample" if kind == "postgresql" else ""))
     wait_until(lambda: http_get(base + "/readyz") == (200, "ready\n"), what="/readyz green again", workers=[process])

@@ -186,6 +186,16 @@ def connection_lost(error: StoreError) -> bool:
     return isinstance(cause, DBAPIError) and bool(cause.connection_invalidated)
 
 
+def from_database(error: BaseException) -> bool:
+    """True when an error the store did not translate came from the database (its driver raised it), rather than
+    from the worker's own code."""
+    import sqlite3
+
+    import psycopg
+
+    return isinstance(error, DBAPIError | psycopg.Error | sqlite3.Error)
+
+
 def translate(error: DBAPIError) -> StoreError | None:
     """The store exception a driver error stands for; None for an error that is a bug (re-raise it as is)."""
     if isinstance(error, IntegrityError):
