@@ -312,11 +312,13 @@ def migrate() -> None:
     try:
         before, after = store.schema_migrate()
         store.schema_check_complete()  # a revision recorded as current may name tables dropped since
+        schema = store.schema_name()
     except StoreError as error:
         _fail(str(error))
     finally:
         store.close()
     where = redact_url(settings.database.url)
+    where = where if schema is None else f"schema {schema} of {where}"
     if before == after:
         click.echo(f"schema is current (revision {after}) on {where}")
     else:

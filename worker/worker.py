@@ -26,7 +26,7 @@ from worker.config import ConfigError, DatabaseSettings, Settings, format_durati
 from worker.correlators import Router
 from worker.correlators.network import call_loop_stacks
 from worker.db.base import sqlite_file
-from worker.db.errors import connection_lost
+from worker.db.errors import connection_lost, from_database
 from worker.db.listener import Listener
 from worker.db.schema import check_revision_known, head_revision
 from worker.db.store import DatabaseUnavailable, SchemaIncomplete, Store, StoreError
@@ -55,6 +55,7 @@ TARGETS_REFRESH = timedelta(seconds=30)
 
 STARTUP_RETRY = 2.0  # seconds between attempts to reach the database at startup
 HEARTBEAT_SLICE = 1.0  # the loops tick the heartbeat at least this often while they wait
+LOOP_TROUBLE_AFTER = 10.0  # seconds of a background loop's runs all failing before readiness says so, at least
 
 
 def _write_stacks(_signum: int, _frame: FrameType | None) -> None:
@@ -207,6 +208,9 @@ class Worker:
             else None
         )
         self._signals = 0
+        # Background loops whose every run fails: since when (monotonic), how long until that is trouble, and why.
+        self._loops_failing: dict[str, tuple[float, float, str]] = {}
+        self._loops_lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------------------------
 
@@ -252,7 +256,9 @@ class Worker:
                 "run `correlation-worker migrate` (or set CORRELATION_DATABASE__AUTO_MIGRATE=true)"
             )
         before, after = self.store.schema_migrate()
-        logger.info("schema migrated from %s to %s", before or "nothing", after)
+        schema = self.store.schema_name()
+        where = f" in schema {schema}" if schema else ""
+        logger.info("schema migrated from %s to %s%s", before or "nothing", after, where)
         self._check_schema_complete()
 
     def _check_schema_complete(self) -> None:
@@ -332,7 +338,7 @@ class Worker:
                 f"the database user lacks privileges the worker needs: {', '.join(missing)}; grant them "
                 "(see the README's \"Database user\")"
             )
-        return self.leaser.trouble()
+        return self.leaser.trouble() or self.loops_trouble()
 
     def health(self) -> str | None:
         """None when the replica can do its job; otherwise why not (for /healthz, beside the heartbeat)."""
@@ -478,14 +484,40 @@ class Worker:
             alive()
             try:
                 work()
+                self._loop_succeeded(name)
             except StoreError as error:  # unavailable, busy, a login or privilege refused: one line, then again
                 self.metrics.database_error(error)
                 logger.warning("%s: %s", name, error)
-            except Exception:  # a bug must not kill the loop; it is logged and the loop goes on
+                self._loop_failed(name, interval, str(error))
+            except Exception as error:  # a bug must not kill the loop; it is logged and the loop goes on
                 logger.exception("%s failed", name)
+                if from_database(error):  # a database error the store does not know: counted as `other`
+                    self.metrics.database_error(error)
+                lines = str(error).strip().splitlines()
+                self._loop_failed(name, interval, f"{type(error).__name__}: {lines[0] if lines else ''}")
             earlier = sooner()
             wait = interval.total_seconds()
             self._wait(wait if earlier is None else min(wait, earlier), alive, done)
+
+    def _loop_succeeded(self, name: str) -> None:
+        with self._loops_lock:
+            self._loops_failing.pop(name, None)
+
+    def _loop_failed(self, name: str, interval: timedelta, reason: str) -> None:
+        """A run of a background loop failed; runs failing for three intervals (ten seconds at least) are trouble."""
+        with self._loops_lock:
+            since = self._loops_failing.get(name, (time.monotonic(), 0.0, ""))[0]
+            self._loops_failing[name] = (since, max(LOOP_TROUBLE_AFTER, 3 * interval.total_seconds()), reason)
+
+    def loops_trouble(self) -> str | None:
+        """Why a background loop is not doing its job: every run of it failed for three of its intervals."""
+        now = time.monotonic()
+        with self._loops_lock:
+            failing = sorted(self._loops_failing.items())
+        for name, (since, after, reason) in failing:
+            if now - since > after:
+                return f"every {name} run has failed for {now - since:.0f}s: {reason}"
+        return None
 
     def _wait(self, seconds: float, alive: Callable[[], None], done: threading.Event | None = None) -> None:
         event = done or self.stopping

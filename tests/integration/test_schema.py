@@ -347,11 +347,13 @@ def test_the_head_revision_a_replica_compares_with_is_the_newest_migration_shipp
 
 def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg_url: str) -> None:
     """The revision and the columns are read from the tables the statements' unqualified names find (the first of
-    each name on the search path, as alembic finds its version table): a copy of the tables in a schema off the path
-    is not ours, a column or table dropped by hand is named, and a schema first on the path that holds none of them
+    each name on the search path, as alembic finds its version table): a set of the tables in a schema off the path
+    is not ours but is named (rather than reading as no schema at all), `migrate` creates a separate set where the
+    path says, a column or table dropped by hand is named, and a schema first on the path that holds none of them
     hides nothing."""
     from worker.config import DatabaseSettings
     from worker.db.base import build_engine
+    from worker.db.errors import DatabaseUnsuitable
     from worker.db.schema import VERSION_TABLE, head_revision
 
     store = Store(build_engine(DatabaseSettings(url=empty_pg_url)))
@@ -360,12 +362,15 @@ def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg
             connection.execute(text("CREATE SCHEMA elsewhere"))
             connection.execute(text(f"CREATE TABLE elsewhere.{VERSION_TABLE} (version_num text PRIMARY KEY)"))
             connection.execute(text(f"INSERT INTO elsewhere.{VERSION_TABLE} VALUES ('{head_revision()}')"))
-        assert store.schema_revision() is None  # another schema's version table says nothing of this one
+        with pytest.raises(DatabaseUnsuitable, match=r'\("\$user", public\) finds no correlation-worker tables, but '
+                           r'schema elsewhere holds them.* a separate set in schema public$'):
+            store.schema_revision()
         assert "table correlation_message" in store.schema_missing()
 
         store.schema_migrate()
         assert store.schema_revision() == head_revision()
         assert store.schema_missing() == []
+        assert store.schema_name() == "public"
         with store.engine.begin() as connection:
             connection.execute(text("ALTER TABLE correlation_message DROP COLUMN finished_by"))
             connection.execute(text("ALTER TABLE correlation_session_end SET SCHEMA elsewhere"))
@@ -378,5 +383,6 @@ def test_the_schema_check_reads_the_tables_unqualified_names_resolve_to(empty_pg
         store.engine.dispose()  # new sessions take the database's search path
         assert store.schema_revision() == head_revision()
         assert store.schema_missing() == ["column correlation_message.finished_by"]  # the moved table found again
+        assert store.schema_name() == "elsewhere"  # the tables found, not the first schema of the path
     finally:
         store.close()

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import text
 
 from tests.conftest import left
 from tests.integration.test_locks import wait_past
@@ -389,3 +390,28 @@ def test_a_round_that_succeeds_ends_the_trouble(store: Store) -> None:
     assert one.trouble() is not None
     one.run_once()
     assert one.trouble() is None
+
+
+def test_rounds_failing_with_an_error_the_store_does_not_know_are_trouble_too(store: Store) -> None:
+    """A round may fail with an error the store does not translate (a trigger of the operator's refusing the lock
+    table, here): it is a failed round all the same, and past a lease term the replica says so (not ready)."""
+    with store.engine.begin() as connection:
+        connection.execute(text(
+            "CREATE FUNCTION refuse_locks() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "RAISE EXCEPTION 'locks are frozen for maintenance' USING ERRCODE = 'P0001'; END $$"
+        ))
+        connection.execute(text(
+            "CREATE TRIGGER refuse_locks BEFORE INSERT OR UPDATE ON correlation_lock "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_locks()"
+        ))
+    now = [1000.0]
+    one = leaser(store, "a", monotonic=lambda: now[0])
+    with pytest.raises(Exception, match="locks are frozen"):
+        one.run_once()
+    assert one.trouble() is None, "a failing round is not yet trouble"
+    now[0] += STEADY.lease.total_seconds() + 1
+    with pytest.raises(Exception, match="locks are frozen"):
+        one.run_once()
+    trouble = one.trouble()
+    assert trouble is not None and "no slot lease could be taken or renewed" in trouble
+    assert "locks are frozen for maintenance" in trouble and len(trouble.splitlines()) == 1, trouble

@@ -11,10 +11,12 @@ Driver errors are translated at this boundary, by :mod:`worker.db.errors`: an un
 (or lost a deadlock) :class:`~worker.db.errors.DatabaseBusy`, a row the schema refuses
 :class:`~worker.db.errors.MessageRejected`. The first two are transient: the caller tries again later.
 
-PostgreSQL sessions run with the settings' ``lock_timeout`` and ``statement_timeout``, TCP keepalives, and the
-time zone UTC (so that every time the schema accepts can be read). SQLite write transactions start with
-``BEGIN IMMEDIATE``: the write lock is taken before the first read, so a fenced commit checks its lease under
-the same lock it writes under.
+PostgreSQL sessions run with the settings' ``lock_timeout`` and ``statement_timeout``, TCP keepalives, the time
+zone UTC (so that every time the schema accepts can be read) and the other session settings the worker depends on
+(:data:`SESSION_SETTINGS`), whatever the database or role sets; every session begins in :class:`PostgresLogin`.
+
+SQLite write transactions start with ``BEGIN IMMEDIATE``: the write lock is taken before the first read, so a
+fenced commit checks its lease under the same lock it writes under.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import TextClause
 
 from worker.config import DatabaseSettings
-from worker.db.errors import translate
-from worker.db.schema import current_revision, head_revision, migrate
+from worker.db.errors import URL_SETTING, DatabaseUnsuitable, translate
+from worker.db.schema import VERSION_TABLE, current_revision, head_revision, migrate
 from worker.message import MessageState
 
 T = TypeVar("T")
@@ -191,17 +193,51 @@ def _milliseconds(duration: timedelta) -> int:
     return max(1, int(duration.total_seconds() * 1000))
 
 
+# The session settings the worker's statements and its driver depend on, given at every login (libpq's
+# ``options``, which take precedence over what ALTER DATABASE and ALTER ROLE set): dates and intervals in the
+# formats psycopg reads, string literals and array NULLs read as the statements mean them, floats exact, and no
+# idle or transaction timeout of the role's ending a session the worker keeps in its pool or a call's
+# transaction (the worker bounds its calls itself). The search path is the role's: the worker uses the tables it
+# finds (see ``StoreBase.schema_revision``).
+SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("timezone", "UTC"),
+    ("datestyle", "ISO, MDY"),
+    ("intervalstyle", "postgres"),
+    ("standard_conforming_strings", "on"),
+    ("array_nulls", "on"),
+    ("transform_null_equals", "off"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+    ("exit_on_error", "off"),
+    ("default_transaction_isolation", "read committed"),
+    ("idle_in_transaction_session_timeout", "0"),
+)
+# Settings of later PostgreSQL releases (an unknown name in the login's options would refuse the login), set
+# after it on the servers that have them, with the release that brought them.
+_LATER_SESSION_SETTINGS = (("idle_session_timeout", "0", 140000), ("transaction_timeout", "0", 170000))
+
+
+def _option(name: str, value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace(" ", "\\ ")
+    return f"-c {name}={escaped}"
+
+
 def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
-    """libpq parameters of every worker session: timeouts, keepalives, UTC, a recognisable name."""
+    """libpq parameters of every worker session: the session settings, the timeouts, keepalives, UTF-8, a
+    recognisable name. ``options`` given in the URL come first (the worker's own settings win over them)."""
     keepalive = max(1, int(settings.keepalive.total_seconds()))
+    given = make_url(settings.url).query.get("options")
+    given_options = " ".join(given) if isinstance(given, tuple) else (given or "")
+    own = (
+        *SESSION_SETTINGS,
+        ("lock_timeout", str(_milliseconds(settings.lock_timeout))),
+        ("statement_timeout", str(_milliseconds(settings.statement_timeout))),
+    )
     return {
         "connect_timeout": int(settings.connect_timeout.total_seconds()),
         "application_name": "correlation-worker",
-        "options": (
-            "-c timezone=UTC -c default_transaction_isolation=read\\ committed"
-            f" -c lock_timeout={_milliseconds(settings.lock_timeout)}"
-            f" -c statement_timeout={_milliseconds(settings.statement_timeout)}"
-        ),
+        "client_encoding": "UTF8",
+        "options": " ".join(filter(None, [given_options, *(_option(name, value) for name, value in own)])),
         "keepalives": 1,
         "keepalives_idle": keepalive,
         "keepalives_interval": max(1, keepalive // 2),
@@ -209,6 +245,54 @@ def postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
         # Unacknowledged data for this long means the peer is gone (e.g. a network partition mid-statement).
         "tcp_user_timeout": 3 * keepalive * 1000,
     }
+
+
+class PostgresLogin:
+    """Every PostgreSQL session of the worker begins here: logged in with :func:`postgres_connect_args`'s
+    parameters, then checked (:class:`DatabaseUnsuitable` for a database whose encoding is not UTF-8: its text
+    would reach the worker as bytes, and text the worker writes could not always be stored).
+
+    The settings of later releases (``_LATER_SESSION_SETTINGS``) are given at login too, once the first session
+    of the process has told the server's release: that first session is closed and opened again with them, since
+    a setting set after login would race a timeout shorter than a round trip.
+    """
+
+    def __init__(self, settings: DatabaseSettings) -> None:
+        self.options = postgres_connect_args(settings)["options"]
+        self.server_version: int | None = None
+
+    def _later(self, version: int | None) -> str:
+        return "".join(
+            " " + _option(name, value) for name, value, release in _LATER_SESSION_SETTINGS
+            if version is not None and version >= release
+        )
+
+    def connect(self, login: Callable[[str], Any]) -> Any:
+        """A new session, from ``login(options)`` (a psycopg connection), checked and set up."""
+        known = self.server_version
+        try:
+            driver = login(self.options + self._later(known))
+        except psycopg.Error as error:  # a login refused names the setting the server does not know
+            if not self._later(known) or not any(f'"{name}"' in str(error) for name, _, _ in _LATER_SESSION_SETTINGS):
+                raise
+            self.server_version = known = None  # another server (a failover to an older release): learn it again
+            driver = login(self.options)
+        try:
+            version = self.server_version = driver.info.server_version
+            encoding = driver.info.parameter_status("server_encoding")
+            encoding = encoding.decode("ascii", "replace") if isinstance(encoding, bytes) else encoding
+            if encoding not in ("UTF8", None):
+                raise DatabaseUnsuitable(
+                    f"the database's encoding is {encoding}; correlation-worker needs UTF8 (create the database "
+                    "with ENCODING 'UTF8' TEMPLATE template0 and move its data there)"
+                )
+        except BaseException:
+            driver.close()
+            raise
+        if self._later(version) != self._later(known):
+            driver.close()
+            driver = login(self.options + self._later(version))
+        return driver
 
 
 def _in_pipeline(driver: Any) -> bool:
@@ -237,7 +321,7 @@ def build_engine(settings: DatabaseSettings) -> Engine:
             connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=settings.pool_size,
         max_overflow=settings.pool_size,
@@ -251,6 +335,13 @@ def build_engine(settings: DatabaseSettings) -> Engine:
         connect_args=postgres_connect_args(settings),
         json_deserializer=json_loads,
     )
+    postgres_login = PostgresLogin(settings)
+
+    @event.listens_for(engine, "do_connect")
+    def _postgres_connect(dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        return postgres_login.connect(lambda options: dialect.connect(*cargs, **{**cparams, "options": options}))
+
+    return engine
 
 
 _DRIVER_SQL: dict[str, str] = {}
@@ -427,8 +518,37 @@ class StoreBase:
         return bool(self._run(lambda c: c.execute(statement).scalar_one()))
 
     def schema_revision(self) -> str | None:
-        """The schema revision of the database (None: never migrated)."""
-        return self._run(current_revision)
+        """The schema revision of the database (None: never migrated).
+
+        The schema is the tables the session's search path finds. Finding none while another schema of the
+        database holds a set (the search path changed after ``migrate``) raises :class:`DatabaseUnsuitable`
+        naming both, rather than reading as a database never migrated (where ``run`` would create a second set).
+        """
+
+        def work(connection: Connection) -> str | None:
+            revision = current_revision(connection)
+            if revision is None and self.dialect == "postgresql":
+                path, schema, holders = connection.execute(_SEARCH_PATH, {"table": VERSION_TABLE}).one()
+                if holders:
+                    raise DatabaseUnsuitable(
+                        f"the search_path of the worker's sessions ({path}) finds no correlation-worker tables, but "
+                        f"schema {', '.join(holders)} holds them: set the search_path to include it (ALTER ROLE or "
+                        "ALTER DATABASE ... SET search_path, or options=-csearch_path%3D... in "
+                        f"{URL_SETTING}), or run `correlation-worker migrate` to create a separate set in "
+                        f"{_schema_named(schema)}"
+                    )
+            return revision
+
+        return self._run(work)
+
+    def schema_name(self) -> str | None:
+        """The schema of the tables the session's search path finds, or the one it creates tables in (where
+        ``migrate`` puts them) when it finds none (PostgreSQL; None on SQLite, and when no schema on the search path
+        exists)."""
+        if self.dialect != "postgresql":
+            return None
+        schema = self._run(lambda c: c.execute(_SCHEMA_NAME, {"table": VERSION_TABLE}).scalar_one())
+        return None if schema is None else str(schema)
 
     def privileges_missing(self) -> list[str]:
         """The table privileges a replica needs that the database user lacks (PostgreSQL; [] on SQLite).
@@ -450,7 +570,15 @@ class StoreBase:
         return self.schema_revision() == head_revision()
 
     def schema_migrate(self) -> tuple[str | None, str]:
-        """Apply every pending migration; returns (revision before, revision after)."""
+        """Apply every pending migration; returns (revision before, revision after). On PostgreSQL the tables
+        go in the first schema of the session's search path that exists (:meth:`schema_name`)."""
+        if self.dialect == "postgresql" and self.schema_name() is None:
+            path = self._run(lambda c: c.execute(text("SELECT current_setting('search_path')")).scalar_one())
+            raise DatabaseUnsuitable(
+                f"the search_path of the worker's sessions ({path}) names no schema that exists, and "
+                "correlation-worker creates its tables in the first one that does: create the schema, or set "
+                f"the search_path (ALTER ROLE or ALTER DATABASE ... SET search_path, or options in {URL_SETTING})"
+            )
         try:
             return migrate(self.engine)
         except DBAPIError as error:
@@ -458,6 +586,32 @@ class StoreBase:
             if translated is None:
                 raise
             raise translated from error
+
+
+# The session's search path, the schema it creates tables in, and the schemas holding a table of that name that
+# the search path does not find.
+_SEARCH_PATH = text(
+    "SELECT current_setting('search_path'), current_schema(), "
+    "ARRAY(SELECT n.nspname FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = :table AND c.relkind IN ('r', 'p') AND NOT pg_catalog.pg_table_is_visible(c.oid) "
+    "ORDER BY n.nspname)"
+)
+
+
+# The schema of the version table the search path finds, else the schema the search path creates tables in.
+_SCHEMA_NAME = text(
+    "SELECT coalesce((SELECT n.nspname FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = :table AND c.relkind IN ('r', 'p') AND pg_catalog.pg_table_is_visible(c.oid)), "
+    "current_schema())"
+)
+
+
+def _schema_named(schema: str | None) -> str:
+    return "the schema the search_path names first (none of its schemas exists)" if schema is None else (
+        f"schema {schema}"
+    )
 
 
 def id_list(ids: Sequence[int]) -> str | None:

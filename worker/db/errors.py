@@ -20,7 +20,9 @@ a table or column gone (42P01)      :class:`SchemaIncomplete`     not ready; the
 ==================================  ===========================  ==========================================
 
 A schema migrated by a newer release is :class:`SchemaTooNew` (raised by the schema module, not translated); one
-that lacks tables or columns its revision has is :class:`SchemaIncomplete` (raised by the store's schema check).
+that lacks tables or columns its revision has is :class:`SchemaIncomplete` (raised by the store's schema check);
+a database whose encoding is not UTF-8, or whose search path misses the tables another schema holds, is
+:class:`DatabaseUnsuitable` (raised by the store as it logs in or reads the schema).
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ class SchemaTooNew(StoreError):
 
 class SchemaIncomplete(StoreError):
     """The database records the newest revision but lacks tables or columns of it (dropped or altered by hand)."""
+
+
+class DatabaseUnsuitable(StoreError):
+    """The database is one the worker cannot work with as it is (an encoding other than UTF-8, a search path that
+    misses the worker's tables): fixed by an operator, never by retrying."""
 
 
 _CONSTRAINT = re.compile(r'constraint "?([a-z_0-9]+)"?', re.IGNORECASE)
@@ -177,6 +184,16 @@ def connection_lost(error: StoreError) -> bool:
     meets a fresh one."""
     cause = error.__cause__
     return isinstance(cause, DBAPIError) and bool(cause.connection_invalidated)
+
+
+def from_database(error: BaseException) -> bool:
+    """True when an error the store did not translate came from the database (its driver raised it), rather than
+    from the worker's own code."""
+    import sqlite3
+
+    import psycopg
+
+    return isinstance(error, DBAPIError | psycopg.Error | sqlite3.Error)
 
 
 def translate(error: DBAPIError) -> StoreError | None:

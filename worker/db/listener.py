@@ -22,7 +22,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from worker.config import DatabaseSettings, NotifySettings
-from worker.db.base import normalise_url, postgres_connect_args
+from worker.db.base import PostgresLogin, normalise_url, postgres_connect_args
 from worker.db.schema import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Listener:
         self.sqlite = normalise_url(database.url).startswith("sqlite")
         self._stop = threading.Event()
         self._connection: psycopg.Connection[tuple[object, ...]] | None = None
+        self._login = None if self.sqlite else PostgresLogin(database)
 
     def stop(self) -> None:
         """Stop listening (returns from :meth:`run` within a second)."""
@@ -108,9 +109,14 @@ class Listener:
         url = make_url(normalise_url(self.database.url)).set(drivername="postgresql")
         conninfo = url.render_as_string(hide_password=False)
         args = postgres_connect_args(self.database)
-        args["options"] = "-c timezone=UTC"  # an idle listener: no statement or lock timeouts to apply
         args["application_name"] = "correlation-worker listener"
-        with psycopg.connect(conninfo, autocommit=True, **args) as connection:
+        assert self._login is not None
+
+        def login(options: str) -> psycopg.Connection[tuple[object, ...]]:
+            return psycopg.connect(conninfo, autocommit=True, **{**args, "options": options})
+
+        connection: psycopg.Connection[tuple[object, ...]] = self._login.connect(login)
+        with connection:
             connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self.metrics.listener_up.set(1)
             if not first:

@@ -49,7 +49,7 @@ from worker.config import Settings, format_duration
 from worker.correlators import Router
 from worker.db.base import Fence
 from worker.db.calls import LostCall
-from worker.db.errors import LeaseLost, StoreError
+from worker.db.errors import LeaseLost, StoreError, from_database
 from worker.db.fetch import Candidates, Fetched, FetchMark, HorizonReading, Pause
 from worker.db.rows import Unreadable
 from worker.db.store import Store
@@ -591,6 +591,8 @@ class Engine:
         if isinstance(error, StoreError):
             self.metrics.database_error(error)
             logger.warning("slot %s: fetch failed, trying again in %.1fs: %s", state.slot, state.delay, error)
+        elif from_database(error):  # a database error the store does not know: counted as `other`
+            self.metrics.database_error(error)
         with self._cond:
             state.wanted_at = self._monotonic() + state.delay
             state.delay = min(ERROR_MAX, state.delay * 2)

@@ -284,15 +284,15 @@ class SlotLeaser:
 
         Raises a :class:`~worker.db.store.StoreError` when the database cannot be reached or refuses the
         round (leases not renewed meanwhile stop being offered at their local deadline); :meth:`trouble`
-        reports rounds failing for longer than a lease term.
+        reports rounds failing for longer than a lease term, whatever they failed with.
         """
         try:
             result = self._run_once()
-        except StoreError as error:
+        except Exception as error:  # a store error, or one the store does not know (still a round that failed)
             with self._state:
                 if self._failing_since is None:
                     self._failing_since = self._monotonic()
-                self._failure = str(error)
+                self._failure = str(error) if isinstance(error, StoreError) else _first_line(error)
             raise
         with self._state:
             self._failing_since = None
@@ -547,3 +547,9 @@ class SingletonLock:
             self.store.lock_release(fence)
         except StoreError as error:
             logger.warning("lock %s not released, it expires on its own: %s", self.name, error)
+
+
+def _first_line(error: BaseException) -> str:
+    """An unexpected error as one line: its type and the first line of its text."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

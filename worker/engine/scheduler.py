@@ -30,7 +30,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from worker.config import SchedulerSettings
-from worker.db.errors import MessageRejected, ValueRefused
+from worker.db.errors import MessageRejected, ValueRefused, from_database
 from worker.db.schedules import FireOutcome, Schedule
 from worker.db.store import DatabaseUnavailable, Store
 from worker.policy.cron import CronError, CronExpression, parse_schedulable
@@ -233,8 +233,10 @@ class Scheduler:
                 self.metrics.database_error(error)
                 logger.warning("scheduler: %s", error)
                 pause = min(RETRY_DELAY, self.config.reload_interval)
-            except Exception:  # a bug must not end the scheduler; logged, and tried again after the interval
+            except Exception as error:  # a bug must not end the scheduler; logged, and tried again after the interval
                 logger.exception("scheduler run failed")
+                if from_database(error):  # a database error the store does not know: counted as `other`
+                    self.metrics.database_error(error)
                 pause = self.config.reload_interval
             stop.wait(pause.total_seconds())
 
