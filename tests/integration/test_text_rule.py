@@ -335,27 +335,3 @@ def test_rows_that_break_the_rule_before_the_upgrade_are_made_dead_with_it_and_f
     assert finished < datetime.now(UTC) + timedelta(minutes=1)  # the record ages out with the retention
     with engine.begin() as connection:  # the rows that keep the rules are worked on as before
         connection.execute(text("UPDATE correlation_message SET attempt = 1 WHERE state = 'ready'"))
-
-
-def test_a_database_in_another_encoding_than_utf8_upgrades_and_takes_messages(pg_server_url: str) -> None:
-    """PostgreSQL normalises only in a UTF8 database: in a LATIN1 one the NFC rule lets every text through (none
-    that LATIN1 holds changes under NFC) and the other rules hold as in UTF8."""
-    import uuid
-
-    from tests.conftest import _admin, _database_url
-
-    name = f"cw_latin1_{uuid.uuid4().hex[:12]}"
-    latin1 = "ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
-    _admin(pg_server_url, f'CREATE DATABASE "{name}" {latin1}')
-    try:
-        store = Store(build_engine(DatabaseSettings(url=_database_url(pg_server_url, name))))
-        try:
-            store.schema_migrate()
-            assert store.messages_insert(NewMessage(name="caf\u00e9", hint="o-1")) is not None
-            with store.engine.connect() as connection:
-                refused_by = insert_message(connection, "caf\u00e9\u00a0", "o-1")
-            assert refused_by is not None and "correlation_message_name_no_blank_at_either_end" in refused_by
-        finally:
-            store.close()
-    finally:
-        _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
