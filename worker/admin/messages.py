@@ -113,7 +113,7 @@ def parse_listing(params: Mapping[str, str]) -> tuple[ConsoleFilter, int, int]:
             MessageState.READY if census_state == "waiting" else None
         ),
     )
-    after = 0 if "after" not in value else _row_id(value["after"], "after")
+    after = 0 if value.get("after", "0").strip() == "0" else _row_id(value["after"], "after")  # 0: the start
     limit = DEFAULT_LIMIT
     if "limit" in value:
         if not value["limit"].isdigit() or not 1 <= int(value["limit"]) <= MAX_LIMIT:

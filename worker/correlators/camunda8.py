@@ -108,7 +108,7 @@ def _build_cluster(url: str | None, timeout: float, setting: str) -> Cluster:
     except ImportError:
         raise ConfigError(
             f"invalid setting {setting}: the camunda8 correlator needs Camunda's SDK: "
-            "pip install 'correlation-worker[camunda8]'"
+            "pip install '.[camunda8]' in a clone of correlation-worker"
         ) from None
     overrides: dict[str, Any] = {"CAMUNDA_REST_ADDRESS": url} if url else {}
     try:
