@@ -14,8 +14,9 @@ import math
 import os
 import re
 import socket
+import typing
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -832,9 +833,42 @@ def describe_error(error: ValidationError) -> str:
             name = ENV_PREFIX + "__".join(part.upper() for part in location)
         message = str(problem["msg"]).removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
-            message = "is not a known setting"
+            message = "is not a known setting" + _did_you_mean(location)
         lines.append(f"invalid setting {name}: {message}")
     return "; ".join(lines)
+
+
+def _model_at(location: Sequence[str]) -> type[BaseModel] | None:
+    """The settings model whose keys hold the last part of ``location`` (a section, or a policy override)."""
+    model: type[BaseModel] = Settings
+    parts = list(location[:-1])
+    while parts:
+        field = model.model_fields.get(parts.pop(0))
+        if field is None:
+            return None
+        annotation = field.annotation
+        if typing.get_origin(annotation) is dict:  # policies: {message name: override}, the name is any text
+            annotation = typing.get_args(annotation)[1]
+            if not parts:
+                return None
+            parts.pop(0)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _did_you_mean(location: Sequence[str]) -> str:
+    """``; did you mean 'interval'?`` for a misspelt key of the settings (a TOML section or key, a policy's key),
+    the known keys at that place compared with difflib; empty when none is close."""
+    model = _model_at(location)
+    if model is None or not location:
+        return ""
+    known = list(model.model_fields)
+    near = difflib.get_close_matches(location[-1].lower(), known, n=1, cutoff=0.6)
+    if not near:
+        return f"; the known keys there: {', '.join(known)}"
+    return f"; did you mean {near[0]!r}?"
 
 
 def known_variables() -> list[str]:

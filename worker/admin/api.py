@@ -25,6 +25,7 @@ from worker.admin.console import Console
 from worker.admin.errors import AdminError, BadRequest, Forbidden, MethodNotAllowed, NotFound, refuse_nul
 from worker.db.console import BULK_ACTIONS
 from worker.db.store import DatabaseBusy, DatabaseUnavailable
+from worker.echo import bounded_line
 
 BODY_MAX = 1_048_576  # bytes of a request body
 SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -35,7 +36,9 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """``{"error": message}`` with the status."""
-    return JSONResponse({"error": message}, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
+    return JSONResponse(
+        {"error": bounded_line(message)}, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})}
+    )
 
 
 def store_error(error: Exception) -> JSONResponse:
