@@ -308,6 +308,9 @@ class PollSettings(_Section):
     initial_delay: Duration = timedelta(seconds=10)
     interval: Duration = timedelta(seconds=6)
     page_size: int = Field(default=100, ge=1, le=10_000)
+    # A fetch takes no further message once its payloads reach this many bytes (its first message always). The
+    # default is what a page of the default page_size can hold at most (1 MiB a payload): its fetch is unbounded.
+    page_bytes: int = Field(default=100 * 1024 * 1024, ge=1024, le=10 * 1024 * 1024 * 1024)
     # Correlator calls running at the same time inside one replica, across all its slots (one lane per hint;
     # one hint never has two calls at once).
     concurrency: int = Field(default=8, ge=1, le=256)
