@@ -365,6 +365,7 @@ def test_a_route_that_cannot_work_is_refused_when_it_is_built(spec: object, expe
         ({"type": "http", "preset": "camunda7"}, ["'url'"]),
         ({"handler": "json:dumps"}, ["'type'", "python"]),
         ({}, ["'type'", "log", "http", "camunda8"]),
+        ({"typ": "http", "url": "http://engine"}, ["'typ': did you mean 'type'?"]),
     ],
 )
 def test_a_route_missing_its_target_names_the_keys_it_needs(spec: dict[str, object], keys: list[str]) -> None:

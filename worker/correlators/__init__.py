@@ -116,8 +116,10 @@ def _build(name: str, spec: str | Mapping[str, Any], destinations: dict[str, Any
         raise ConfigError(f"invalid setting {setting}: {spec!r} is neither 'log' nor 'module:function'")
     kind = spec.get("type")
     if kind is None:
+        misspelt = next((key for key in spec if difflib.get_close_matches(str(key), ["type"], n=1)), None)
+        hint = f" ({misspelt!r}: did you mean 'type'?)" if misspelt is not None else ""
         raise ConfigError(
-            f"invalid setting {setting}: a route object needs 'type', one of {', '.join(ROUTE_KEYS)} "
+            f"invalid setting {setting}: a route object needs 'type', one of {', '.join(ROUTE_KEYS)}{hint} "
             '(e.g. {"type": "http", "url": ...})'
         )
     known = ROUTE_KEYS.get(kind) if isinstance(kind, str) else None
