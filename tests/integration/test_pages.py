@@ -219,3 +219,20 @@ def test_a_database_outage_is_a_readable_503_on_every_page_and_route_then_they_a
             assert client.get("/ui/dead").status_code == 200
     finally:
         store.close()
+
+
+def test_the_first_page_and_read_after_a_restart_while_the_console_was_idle_answer(private_pg: Any) -> None:
+    server, url = private_pg
+    store = Store(build_engine(DatabaseSettings(url=url, connect_timeout=timedelta(seconds=2))))
+    try:
+        add(store, "order-1", state="dead", last_error="boom")
+        with console_app(store) as client:
+            log_in(client)
+            for path in ("/ui/", "/ui/dead", "/api/v1/status"):
+                assert client.get(path, headers={"Authorization": f"Bearer {WRITE}"}).status_code == 200
+                server.stop("fast")
+                server.start()
+                response = client.get(path, headers={"Authorization": f"Bearer {WRITE}"})
+                assert response.status_code == 200, (path, response.status_code, response.text[:300])
+    finally:
+        store.close()

@@ -92,7 +92,12 @@ def api_application(console: Console) -> Starlette:
                 )
             try:
                 refuse_nul(request.url.path, *(f"{k}={v}" for k, v in request.query_params.multi_items()))
-                data = await handler(request, caller)
+                try:
+                    data = await handler(request, caller)
+                except DatabaseUnavailable:
+                    if request.method != "GET":
+                        raise
+                    data = await handler(request, caller)  # once more on a fresh connection (see the pages)
             except AdminError as error:
                 allow = {"Allow": ", ".join(error.allow)} if isinstance(error, MethodNotAllowed) else None
                 return error_response(error.status, str(error), allow)

@@ -164,7 +164,14 @@ def pages_application(console: Console) -> Starlette:
         async def endpoint(request: Request) -> Response:
             session = auth.session(request.cookies.get(SESSION_COOKIE))
             try:
-                return await checked(request, session)
+                try:
+                    return await checked(request, session)
+                except DatabaseUnavailable:
+                    if request.method != "GET":
+                        raise
+                    # A connection the server dropped (a restart while the console was idle) is let go with the
+                    # pool's older ones: a read goes once more, on a fresh one. An action is never sent twice.
+                    return await checked(request, session)
             except StoreError as error:  # the session's own check included: a readable page, never a bare 500
                 return database_trouble(request, session, error)
 
