@@ -54,6 +54,22 @@ def _placeholder(token: str) -> str:
     return "1" if re.fullmatch(r"[A-Z]{1,4}", token) else token
 
 
+def test_every_extra_and_script_the_readme_installs_or_runs_is_there() -> None:
+    project = (README.parent / "pyproject.toml").read_text(encoding="utf-8")
+    extras = set(re.findall(r"^(\w+) = \[", project.split("[project.optional-dependencies]", 1)[1], re.MULTILINE))
+    lines = shell_lines(README)
+    installed = [extra for line in lines for extra in re.findall(r"pip install '\.\[(\w+)\]'", line)]
+    assert installed and set(installed) <= extras, (installed, extras)
+    assert not [line for line in lines if re.search(r"pip install '?correlation-worker", line)], "not on PyPI"
+    scripts = [re.search(r"python ([\w/]+\.py)(.*)", line) for line in lines]
+    for found in filter(None, scripts):
+        path = README.parent / found.group(1)
+        assert path.is_file(), found.group(1)
+        source = path.read_text(encoding="utf-8")
+        for flag in re.findall(r"--[\w-]+", found.group(2)):
+            assert f'"{flag}"' in source, f"{found.group(1)} takes no {flag}"
+
+
 @pytest.mark.parametrize("line", command_lines())
 def test_every_command_the_documentation_shows_parses(line: str) -> None:
     tokens = [_placeholder(token) for token in shlex.split(line)[1:]]
