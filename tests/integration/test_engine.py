@@ -153,6 +153,22 @@ def test_an_outcome_the_database_could_not_take_is_recorded_for_its_message_alon
         assert "\x00" not in message.last_error
 
 
+def test_a_failure_whose_record_the_database_refuses_is_dead_with_both_reasons(store: Store) -> None:
+    with store.engine.begin() as connection:  # a rule of the shop's own that refuses this retry's row
+        connection.execute(text("ALTER TABLE correlation_message ADD CONSTRAINT shop_rule "
+                                "CHECK (state = 'dead' OR last_error IS NULL OR last_error NOT LIKE '%refuse-me%')"))
+    calls = Calls(lambda message: (_ for _ in ()).throw(RuntimeError("engine said refuse-me")))
+    row_id = send(store, "h")
+    run = engine(store, calls, settings(policy={"time_to_live": None}))
+    run.run_once()
+    message = rows(store)[row_id]
+    assert message.state.value == "dead", message
+    assert message.last_error is not None
+    assert message.last_error.startswith("the worker could not record the outcome of this message: ")
+    kept = message.last_error.split("; the outcome was a failure: ", 1)
+    assert len(kept) == 2 and "engine said refuse-me" in kept[1], message.last_error
+
+
 def test_an_int_delay_means_seconds(any_store: Store) -> None:
     send(any_store, "h", kind="int_delay")
     before = any_store.now()
