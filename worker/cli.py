@@ -44,6 +44,7 @@ try:
     from worker.db.console import ConsoleFilter
     from worker.db.schema import check_revision_known
     from worker.db.store import MessageFilter, MessageRejected, NewMessage, Store, StoreError
+    from worker.echo import bounded_line
     from worker.message import Message, MessageState
     from worker.policy.cron import CronError
     from worker.policy.text import hint_problem, name_problem, shown
@@ -66,7 +67,7 @@ OUTPUTS = ("table", "json")
 
 def _fail(message: str, code: int = 2) -> NoReturn:
     """End the command with one line on stderr (never a multi-line text) and a non-zero exit code."""
-    line = " ".join(escape_controls(redact_text(str(message))).split())
+    line = bounded_line(" ".join(escape_controls(redact_text(str(message))).split()))
     click.echo(f"{PROG}: {line}", err=True)
     sys.exit(code)
 
@@ -233,31 +234,47 @@ def _show_table(row: dict[str, Any]) -> str:
 
 # -- arguments ---------------------------------------------------------------------------------------------------
 
-class _RowId(click.ParamType[int]):
-    """A message's row id: a whole number from 1 to the largest bigint."""
+class _Reference(click.ParamType[str]):
+    """A message named by its row id (4711) or its producer's message_id (shop-4711-paid)."""
 
-    name = "id"
+    name = "id or message_id"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        """The id as an int, or a usage error naming the value."""
-        if isinstance(value, int) and 1 <= value <= MAX_ID:
-            return value
-        text = str(value).strip()
-        if text.isdigit() and 1 <= int(text) <= MAX_ID:
-            return int(text)
-        self.fail(f"{value!r} is not a message id (a whole number from 1 to {MAX_ID})", param, ctx)
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """The reference as text, or a usage error when it cannot name a message."""
+        text = str(value)
+        if not text.strip() or len(text) > admin_messages.TEXT_MAX or "\x00" in text:
+            self.fail(
+                f"{value!r} names no message: give its id (a whole number from 1) or its message_id "
+                f"(text of at most {admin_messages.TEXT_MAX} characters)", param, ctx,
+            )
+        return text
 
 
-ROW_ID = _RowId()
+REFERENCE = _Reference()
 
 
 def _json_option(value: str | None, name: str) -> Any:
+    """A JSON option's value, given inline, as ``@path`` (the file's text) or as ``-`` (standard input), like
+    curl's ``-d``."""
     if value is None:
         return None
+    source = ""
+    if value == "-":
+        source = " from standard input"
+        value = sys.stdin.read()
+    elif value.startswith("@"):
+        path = value[1:]
+        source = f" in {path}"
+        try:
+            with open(path, encoding="utf-8") as file:
+                value = file.read()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise click.BadParameter(f"cannot read {path!r}: {reason}", param_hint=name) from None
     try:
         return json.loads(value)
     except ValueError as error:
-        raise click.BadParameter(f"not valid JSON ({error})", param_hint=name) from None
+        raise click.BadParameter(f"not valid JSON{source} ({error})", param_hint=name) from None
 
 
 def _timestamp(value: str | None) -> datetime | None:
@@ -344,8 +361,8 @@ def check_config() -> None:
 @main.command()
 @click.argument("name")
 @click.argument("hint")
-@click.option("--payload", help="JSON payload (default {}).")
-@click.option("--headers", help="JSON object of headers.")
+@click.option("--payload", help="JSON payload (default {}); @path reads it from a file, - from standard input.")
+@click.option("--headers", help="JSON object of headers; @path reads it from a file, - from standard input.")
 @click.option(
     "--message-id",
     help="Producer id, unique while its message is in the table: sending it again meanwhile inserts nothing; "
@@ -391,7 +408,9 @@ def send(
         except MessageRejected as error:
             _fail(str(error))
         if row_id is None:
-            click.echo(f"message_id {message_id!r} is already there; nothing inserted")
+            assert message_id is not None
+            holder = store.messages_get_by_message_id(message_id)
+            click.echo(admin_messages.held_message_id(message_id, holder))
         else:
             click.echo(f"inserted message {row_id}")
 
@@ -468,7 +487,7 @@ def messages_list(
 @_output_option
 def messages_show(reference: str, by: str, output: str | None) -> None:
     """One message with its last error, by its id (4711) or its producer's message_id (shop-4711-paid)."""
-    if by == "id" and not (reference.isdigit() and 1 <= int(reference) <= MAX_ID):
+    if by == "id" and not admin_messages.is_row_id(reference):
         raise click.BadParameter(f"{reference!r} is not a message id (a number from 1)", param_hint="REFERENCE")
 
     def find(store: Store) -> Message | None:
@@ -490,7 +509,7 @@ def messages_show(reference: str, by: str, output: str | None) -> None:
 
 
 def _is_row_id(reference: str) -> bool:
-    return reference.isdigit() and 1 <= int(reference) <= MAX_ID
+    return admin_messages.is_row_id(reference)
 
 
 def _cli_caller() -> Caller:
@@ -505,7 +524,7 @@ def _cli_caller() -> Caller:
 def _filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(
         [
-            click.argument("ids", nargs=-1, type=ROW_ID),
+            click.argument("ids", nargs=-1, type=REFERENCE),
             click.option("--name", "message_name", help="Every message of this message_name."),
             click.option("--hint", help="Every message of this correlation_hint."),
             click.option("--state", type=click.Choice([s.value for s in MessageState]), help="Only in this state."),
@@ -516,12 +535,13 @@ def _filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def _present_rows(action: str, ids: tuple[int, ...], name: str | None, hint: str | None, state: str | None,
+def _present_rows(action: str, references: tuple[str, ...], name: str | None, hint: str | None, state: str | None,
                   everything: bool) -> int:
-    """Apply a bulk action to the messages present now (in chunks, audited); returns how many changed."""
-    selection = _selection(ids, name, hint, state)
+    """Apply a bulk action to the messages present now (in chunks, audited); returns how many changed. The
+    messages are named by id or message_id, alike."""
 
     def apply(store: Store) -> int:
+        selection = _selection(admin_messages.resolve_references(store, references), name, hint, state)
         admin.require_selection(selection, everything, action)
         result = admin_messages.bulk(store, _cli_caller(), action, selection, everything)
         return int(result["affected"])
@@ -545,7 +565,7 @@ def _bulk_command(name: str, help_text: str, verb: str) -> None:
     @main.command(name, help=help_text)
     @_filter_options
     def command(
-        ids: tuple[int, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool
+        ids: tuple[str, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool
     ) -> None:
         click.echo(f"{verb} {_present_rows(name, ids, message_name, hint, state, everything)} messages")
 
@@ -559,7 +579,7 @@ _bulk_command("delete", "Delete messages (in chunks; audited).", "deleted")
 @click.option("--reason", default="", help="Why (shown with the pause and in the hint's view).")
 @click.option("--only-present", is_flag=True, help="Pause only the messages present now (not a durable pause).")
 def pause(
-    ids: tuple[int, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool,
+    ids: tuple[str, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool,
     reason: str, only_present: bool,
 ) -> None:
     """Pause a message name (--name), a hint (--hint) or everything (--all) durably: also messages inserted
@@ -591,7 +611,7 @@ def _lift_chunk() -> int:
 @click.option("--pause", "pause_id", type=click.IntRange(1, MAX_ID), help="Lift the durable pause with this id.")
 @click.option("--only-present", is_flag=True, help="Resume the paused messages present now (not a durable pause).")
 def resume(
-    ids: tuple[int, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool,
+    ids: tuple[str, ...], message_name: str | None, hint: str | None, state: str | None, everything: bool,
     pause_id: int | None, only_present: bool,
 ) -> None:
     """Lift the durable pause of a message name (--name), a hint (--hint), everything (--all) or by id (--pause):
@@ -663,8 +683,8 @@ def schedules_show(name: str) -> None:
 @click.option("--cron", required=True, help="Quartz cron expression, seconds first: '0 0/15 8-18 ? * MON-FRI'.")
 @click.option("--message-name", required=True, help="message_name of the messages it publishes.")
 @click.option("--hint", help="correlation_hint of its messages (default: the schedule's name).")
-@click.option("--payload", help="JSON payload of its messages (default {}).")
-@click.option("--headers", help="JSON object of headers added to its messages.")
+@click.option("--payload", help="JSON payload of its messages (default {}); @path: from a file, -: from stdin.")
+@click.option("--headers", help="JSON object of headers added to its messages; @path: from a file, -: from stdin.")
 @click.option("--zone", default="UTC", show_default=True, help="IANA time zone of the expression's wall times.")
 @click.option("--no-singleton", is_flag=True, help="Fire even while the last message is still pending.")
 @click.option(

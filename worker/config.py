@@ -14,7 +14,8 @@ import math
 import os
 import re
 import socket
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -296,6 +297,9 @@ class PollSettings(_Section):
     initial_delay: Duration = timedelta(seconds=10)
     interval: Duration = timedelta(seconds=6)
     page_size: int = Field(default=100, ge=1, le=10_000)
+    # A fetch takes no further message once its payloads reach this many bytes (its first message always). The
+    # default is what a page of the default page_size can hold at most (1 MiB a payload): its fetch is unbounded.
+    page_bytes: int = Field(default=100 * 1024 * 1024, ge=1024, le=10 * 1024 * 1024 * 1024)
     # Correlator calls running at the same time inside one replica, across all its slots (one lane per hint;
     # one hint never has two calls at once).
     concurrency: int = Field(default=8, ge=1, le=256)
@@ -821,9 +825,42 @@ def describe_error(error: ValidationError) -> str:
             name = ENV_PREFIX + "__".join(part.upper() for part in location)
         message = str(problem["msg"]).removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
-            message = "is not a known setting"
+            message = "is not a known setting" + _did_you_mean(location)
         lines.append(f"invalid setting {name}: {message}")
     return "; ".join(lines)
+
+
+def _model_at(location: Sequence[str]) -> type[BaseModel] | None:
+    """The settings model whose keys hold the last part of ``location`` (a section, or a policy override)."""
+    model: type[BaseModel] = Settings
+    parts = list(location[:-1])
+    while parts:
+        field = model.model_fields.get(parts.pop(0))
+        if field is None:
+            return None
+        annotation = field.annotation
+        if typing.get_origin(annotation) is dict:  # policies: {message name: override}, the name is any text
+            annotation = typing.get_args(annotation)[1]
+            if not parts:
+                return None
+            parts.pop(0)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _did_you_mean(location: Sequence[str]) -> str:
+    """``; did you mean 'interval'?`` for a misspelt key of the settings (a TOML section or key, a policy's key),
+    the known keys at that place compared with difflib; empty when none is close."""
+    model = _model_at(location)
+    if model is None or not location:
+        return ""
+    known = list(model.model_fields)
+    near = difflib.get_close_matches(location[-1].lower(), known, n=1, cutoff=0.6)
+    if not near:
+        return f"; the known keys there: {', '.join(known)}"
+    return f"; did you mean {near[0]!r}?"
 
 
 def known_variables() -> list[str]:

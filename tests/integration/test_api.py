@@ -533,3 +533,37 @@ def test_status_and_the_overview_show_each_replicas_targets_fresh_ones_only(clie
     since = shown[0]["since"]
     store.targets_record("replica-1", [TargetRow("replica-1", "http://engine:8080/correlate", "open", "again", 1, 0)])
     assert get(client, "/api/v1/status")["targets"][0]["since"] == since  # still open since then
+
+
+HUGE = "z" * 30_000  # (a URL holds at most 64 kB in the client)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "body"),
+    [
+        ("GET", f"/api/v1/messages/{HUGE}", None, None),
+        ("GET", "/api/v1/messages/" + "9" * 30_000, None, None),
+        ("GET", "/api/v1/messages", {"name": HUGE}, None),
+        ("GET", "/api/v1/messages", {"after": "1" * 30_000}, None),
+        ("GET", "/api/v1/messages", {"limit": "1" * 30_000}, None),
+        ("GET", "/api/v1/messages", {"created_from": HUGE}, None),
+        ("GET", "/api/v1/messages", {HUGE: "1"}, None),
+        ("GET", f"/api/v1/hints/{HUGE}", None, None),
+        ("GET", "/api/v1/audit", {"after": "1" * 30_000}, None),
+        ("GET", f"/api/v1/schedules/{HUGE}", None, None),
+        ("GET", "/api/v1/charts", {"window": HUGE}, None),
+        ("POST", f"/api/v1/messages/{HUGE}", None, {"all": True}),
+        ("POST", "/api/v1/messages/requeue", None, {"ids": [HUGE]}),
+        ("POST", "/api/v1/messages/requeue", None, {"state": HUGE}),
+        ("POST", "/api/v1/pauses", None, {"name": HUGE}),
+        ("POST", f"/api/v1/scheduler/{HUGE}", None, None),
+    ],
+    ids=lambda value: str(value)[:30],
+)
+def test_an_argument_echoed_in_an_error_is_cut_to_a_readable_length(
+    client: TestClient, method: str, path: str, params: dict[str, str] | None, body: Any
+) -> None:
+    response = client.request(method, path, params=params, json=body, headers=auth())
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    said = response.json()["error"]
+    assert len(said) <= 1_200 and HUGE[:200] not in said and "9" * 200 not in said, said[:300]

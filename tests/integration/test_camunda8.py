@@ -218,7 +218,7 @@ def test_without_the_extra_the_route_says_how_to_install_it() -> None:
         "except ConfigError as error:\n    print(error)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert "pip install 'correlation-worker[camunda8]'" in out
+    assert "pip install '.[camunda8]' in a clone of correlation-worker" in out
 
 
 def test_time_to_live_defaults_to_an_hour(cluster: FakeCamunda8) -> None:

@@ -62,7 +62,8 @@ def test_the_api_draws_rates_backlog_and_calls_per_replica_from_the_samples(any_
         response = client.get("/api/v1/charts", headers=auth(WRITE), params={"window": "1h"})
         assert response.status_code == 200, response.text
         drawn = response.json()
-        assert drawn["window"] == "1h" and drawn["step_seconds"] == 15 and len(drawn["at"]) == 240
+        # A cluster 20 s old: the chart spans its samples, not the hour.
+        assert drawn["window"] == "1h" and drawn["step_seconds"] == 15 and 2 <= len(drawn["at"]) <= 4
         series = drawn["series"]
 
         def latest(name: str) -> float:
@@ -75,7 +76,7 @@ def test_the_api_draws_rates_backlog_and_calls_per_replica_from_the_samples(any_
         assert latest("dead_per_minute") == pytest.approx(2 / 20 * 60, rel=0.05)
         assert set(drawn["calls_per_replica"]) == {"pod-a", "pod-b"}
         day = client.get("/api/v1/charts", headers=auth(WRITE), params={"window": "24h"}).json()
-        assert day["step_seconds"] == 360 and len(day["at"]) == 240
+        assert day["at"] == drawn["at"]  # younger than either window: the same span
         refused = client.get("/api/v1/charts", headers=auth(WRITE), params={"window": "7d"})
         assert refused.status_code == 400 and "1h, 24h" in refused.json()["error"]
         assert client.get("/api/v1/charts").status_code == 401

@@ -153,6 +153,22 @@ def test_an_outcome_the_database_could_not_take_is_recorded_for_its_message_alon
         assert "\x00" not in message.last_error
 
 
+def test_a_failure_whose_record_the_database_refuses_is_dead_with_both_reasons(store: Store) -> None:
+    with store.engine.begin() as connection:  # a rule of the shop's own that refuses this retry's row
+        connection.execute(text("ALTER TABLE correlation_message ADD CONSTRAINT shop_rule "
+                                "CHECK (state = 'dead' OR last_error IS NULL OR last_error NOT LIKE '%refuse-me%')"))
+    calls = Calls(lambda message: (_ for _ in ()).throw(RuntimeError("engine said refuse-me")))
+    row_id = send(store, "h")
+    run = engine(store, calls, settings(policy={"time_to_live": None}))
+    run.run_once()
+    message = rows(store)[row_id]
+    assert message.state.value == "dead", message
+    assert message.last_error is not None
+    assert message.last_error.startswith("the worker could not record the outcome of this message: ")
+    kept = message.last_error.split("; the outcome was a failure: ", 1)
+    assert len(kept) == 2 and "engine said refuse-me" in kept[1], message.last_error
+
+
 def test_an_int_delay_means_seconds(any_store: Store) -> None:
     send(any_store, "h", kind="int_delay")
     before = any_store.now()
@@ -512,7 +528,7 @@ def test_batch_size_one_on_a_long_hint_reads_one_message_per_fetch(store: Store)
     with store.engine.connect() as connection:
         plan = connection.execute(
             text("EXPLAIN (ANALYZE, FORMAT JSON) " + statement),
-            {"hints": ["long"], "horizon": 2**62, "per_hint": 1, "limit": 1},
+            {"hints": ["long"], "horizon": 2**62, "per_hint": 1, "limit": 1, "page_bytes": 2**62},
         ).scalar_one()
 
     def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -843,6 +859,19 @@ def test_a_hint_the_full_page_left_no_room_for_is_fetched_at_once_not_at_the_nex
     run.start()
     wait_until(lambda: sorted(calls.ids()) == [first, second, third], "the third hint, long before the next poll",
                timeout=10)
+
+
+def test_hints_a_page_bound_by_bytes_left_out_are_fetched_at_once_not_at_the_next_poll(store: Store) -> None:
+    """Payloads of 100 kB and a page of 150 000 bytes: each fetch takes two hints' messages whole, and the engine
+    fetches again at once for the hints left out."""
+    first = send(store, "a-first", blob="x" * 100_000)
+    slot = rows(store)[first].slot
+    hints = ["a-first", *(_hint_in_slot(store, slot, prefix) for prefix in ("b-", "c-", "d-", "e-"))]
+    sent = [first, *(send(store, hint, blob="x" * 100_000) for hint in hints[1:])]
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"interval": "PT30S", "page_bytes": 150_000}))
+    run.start()
+    wait_until(lambda: sorted(calls.ids()) == sorted(sent), "every message, long before the next poll", timeout=10)
 
 
 def test_hints_a_full_page_had_no_room_for_come_first_in_the_next_fetch(store: Store) -> None:

@@ -7,14 +7,16 @@ import json
 import re
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from tests.integration.test_api import READ, WRITE, console_app
 from tests.integration.test_store import add
+from worker.config import DatabaseSettings
 from worker.db.calls import SlotWrite
-from worker.db.store import NewMessage, Store
+from worker.db.store import NewMessage, Store, build_engine
 from worker.policy.outcomes import Disposition, Kind
 
 
@@ -202,3 +204,54 @@ def test_the_overview_shows_the_targets_circuits(client: TestClient, store: Stor
     log_in(client)
     page = client.get("/ui/").text
     assert 'id="targets"' in page and "http://engine:8080/correlate" in page and ">open<" in page
+
+
+PAGES = ("/ui/", "/ui/overview/live", "/ui/overview/charts?window=1h", "/ui/messages?state=dead", "/ui/messages/1",
+         "/ui/hints/order-1", "/ui/dead", "/ui/bulk?action=requeue&state=dead", "/ui/pauses", "/ui/audit",
+         "/ui/schedules", "/ui/schedules/nightly")
+API = ("/api/v1/status", "/api/v1/charts?window=1h", "/api/v1/messages", "/api/v1/messages/1", "/api/v1/hints/h",
+       "/api/v1/pauses", "/api/v1/audit", "/api/v1/schedules", "/api/v1/schedules/nightly")
+
+
+def test_a_database_outage_is_a_readable_503_on_every_page_and_route_then_they_answer_again(private_pg: Any) -> None:
+    server, url = private_pg
+    store = Store(build_engine(DatabaseSettings(url=url, connect_timeout=timedelta(seconds=2))))
+    try:
+        add(store, "order-1", state="dead", last_error="boom")
+        with console_app(store) as client:
+            log_in(client)
+            assert client.get("/ui/").status_code == 200  # the pool holds a connection the restart breaks
+            server.stop("fast")
+            try:
+                for path in PAGES:
+                    response = client.get(path)
+                    assert response.status_code == 503, (path, response.status_code, response.text[:300])
+                    said = re.search(r'<p class="error" id="error">(.*?)</p>', response.text, re.DOTALL)
+                    assert said is not None and "database" in said.group(1), (path, response.text[:300])
+                for path in API:
+                    response = client.get(path, headers={"Authorization": f"Bearer {WRITE}"})
+                    assert response.status_code == 503, (path, response.status_code, response.text[:300])
+                    assert "database" in response.json()["error"], path
+            finally:
+                server.start()
+            assert client.get("/ui/").status_code == 200  # the first page after the restart
+            assert client.get("/ui/dead").status_code == 200
+    finally:
+        store.close()
+
+
+def test_the_first_page_and_read_after_a_restart_while_the_console_was_idle_answer(private_pg: Any) -> None:
+    server, url = private_pg
+    store = Store(build_engine(DatabaseSettings(url=url, connect_timeout=timedelta(seconds=2))))
+    try:
+        add(store, "order-1", state="dead", last_error="boom")
+        with console_app(store) as client:
+            log_in(client)
+            for path in ("/ui/", "/ui/dead", "/api/v1/status"):
+                assert client.get(path, headers={"Authorization": f"Bearer {WRITE}"}).status_code == 200
+                server.stop("fast")
+                server.start()
+                response = client.get(path, headers={"Authorization": f"Bearer {WRITE}"})
+                assert response.status_code == 200, (path, response.status_code, response.text[:300])
+    finally:
+        store.close()

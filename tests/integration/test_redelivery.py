@@ -77,8 +77,8 @@ def hint_in_slot(store: Store, slot: int, prefix: str) -> str:
         ), {"prefix": prefix, "slot": slot}).scalar_one())
 
 
-def send(store: Store, hint: str) -> int:
-    row_id = store.messages_insert(NewMessage("n", hint))
+def send(store: Store, hint: str, payload: Any = None) -> int:
+    row_id = store.messages_insert(NewMessage("n", hint, payload=payload))
     assert row_id is not None
     return row_id
 
@@ -725,6 +725,22 @@ def _calls(store: Store) -> dict[int, tuple[int, int, str, int]]:
     with store.engine.connect() as connection:
         rows = connection.execute(text("SELECT message_id, slot, fence, holder, run_head FROM correlation_call"))
         return {row[0]: (row[1], row[2], row[3], row[4]) for row in rows}
+
+
+def test_a_fetch_bounded_by_bytes_marks_only_the_calls_it_returns(store: Store) -> None:
+    a = leaser(store, "a")
+    a.run_once()
+    first = send(store, "a-1", payload={"blob": "x" * 100_000})
+    slot = slot_of(store, first)
+    for prefix in ("b-", "c-", "d-"):
+        send(store, hint_in_slot(store, slot, prefix), payload={"blob": "x" * 100_000})
+    fence = a.fence(slot)
+    assert fence is not None
+    _, fetched = store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=1000, mode=Mode.FAIL_FIRST,
+                                           mark=FetchMark(fence, 4), page_bytes=150_000)
+    returned = {message.id for message in fetched.messages}
+    assert len(returned) == 2 and fetched.bytes_full
+    assert fetched.marked == returned and set(_calls(store)) == returned
 
 
 def test_a_fetch_for_idle_lanes_marks_the_first_runs_of_its_first_hints_under_its_term(store: Store) -> None:

@@ -106,6 +106,47 @@ def test_a_full_page_takes_whole_batches_oldest_first(any_store: Store) -> None:
         assert fetched.cut == {"b"}
 
 
+@pytest.mark.parametrize(
+    ("blob", "page_bytes", "taken", "full"),
+    [
+        (100_000, 250_000, 3, True),  # stops once the payloads reach the bound: the third one reaches it
+        (100_000, 200_100, 3, True),
+        (100_000, 200_000, 2, True),  # (each payload is 100 012 bytes of JSON text)
+        (100_000, 1024, 1, True),  # the first message is taken whatever its size
+        (1000, 16 * 1024 * 1024, 6, False),  # small payloads: the rows' limit alone
+        (1000, 100 * 1024 * 1024, 6, False),  # a bound the page cannot reach (100 rows of 1 MiB): not summed
+        (1000, 6 * 1012, 6, True),  # ends at the bound exactly
+    ],
+)
+@pytest.mark.parametrize("how", ["batches", "slot"])
+def test_a_fetch_takes_no_further_message_once_its_payloads_reach_the_bound(
+    any_store: Store, blob: int, page_bytes: int, taken: int, full: bool, how: str
+) -> None:
+    slot, hints = _hints_of_one_slot(any_store, 3)
+    ids = [add(any_store, hint, payload={"blob": "x" * blob}) for hint in hints for _ in range(2)]
+    if how == "batches":
+        fetched = any_store.messages_fetch_batches(hints, horizon=2**62, per_hint=100, limit=100,
+                                                   mode=Mode.FAIL_FIRST, page_bytes=page_bytes)
+    else:
+        _, fetched = any_store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=100, mode=Mode.FAIL_FIRST,
+                                                   page_bytes=page_bytes)
+    assert [m.id for m in fetched.messages] == ids[:taken]  # a prefix of the page the rows' limit gives
+    assert fetched.bytes_full is full
+    sizes = [len(json.dumps(dict(m.payload))) for m in fetched.messages]
+    assert sum(sizes[:-1]) < page_bytes and (sum(sizes) >= page_bytes) is full
+    if fetched.cut is not None and taken % 2:  # PostgreSQL: the batch the bytes split is cut short
+        assert hints[taken // 2] in fetched.cut
+
+
+def test_a_fetch_bounded_by_bytes_counts_the_bytes_of_text_beyond_ascii(store: Store) -> None:
+    """PostgreSQL keeps a payload's text as UTF-8 (SQLite's is JSON with ASCII escapes)."""
+    slot, hints = _hints_of_one_slot(store, 1)
+    ids = [add(store, hints[0], payload={"t": "€" * 1000}) for _ in range(3)]  # 3 bytes a character
+    _, fetched = store.messages_fetch_slot(slot, "", 100, per_hint=100, limit=100, mode=Mode.FAIL_FIRST,
+                                               page_bytes=4000)
+    assert [m.id for m in fetched.messages] == ids[:2] and fetched.bytes_full
+
+
 def _hints_of_one_slot(store: Store, count: int) -> tuple[int, list[str]]:
     """``count`` hints that share a slot, in hint order, and that slot."""
     by_slot: dict[int, list[str]] = {}
@@ -619,7 +660,7 @@ def test_a_fetch_costs_what_it_returns_not_the_held_back_rows(store: Store, mode
         assert _touched(candidates) < 1_000, f"slot {slot}: finding candidates touched {_touched(candidates)} rows"
         hints = list(store.messages_candidates(slot, "", 100).fresh)
         sql = _batches_statement("postgresql", mode).text
-        params = {"hints": hints, "horizon": 2**62, "per_hint": 100, "limit": 100}
+        params = {"hints": hints, "horizon": 2**62, "per_hint": 100, "limit": 100, "page_bytes": 2**62}
         batches = _explain(store, sql, params, generic)
         # correlation_call is empty here, so a scan of it costs nothing; with a backlog in flight the fetch's own
         # settings keep it a probe per row (test_a_fetch_planned_while_few_calls_were_in_flight_...)
@@ -648,7 +689,7 @@ def test_a_hint_holding_most_of_the_table_does_not_make_the_other_hints_batches_
             "SELECT 'n', 'big', CASE WHEN g = 1 THEN 'dead' ELSE 'ready' END FROM generate_series(1, 100000) g"
         ))
         connection.execute(text("ANALYZE correlation_message"))
-    params = {"hints": [*live, "big"], "horizon": 2**62, "per_hint": 100, "limit": 100}
+    params = {"hints": [*live, "big"], "horizon": 2**62, "per_hint": 100, "limit": 100, "page_bytes": 2**62}
     batches = _explain(store, _batches_statement("postgresql", Mode.FAIL_FIRST).text, params, generic)
     assert _touched(batches) < 1_000, f"reading the batches touched {_touched(batches)} rows"
 
@@ -667,13 +708,14 @@ def test_a_fetch_planned_while_few_calls_were_in_flight_probes_the_calls_of_its_
         connection.execute(text("ANALYZE correlation_message"))
         connection.execute(text("ANALYZE correlation_call"))
     hints = [f"live-{n}" for n in range(20)]
-    arguments = "ARRAY[" + ", ".join(f"'{hint}'" for hint in hints) + "]::text[], 4611686018427387904, 100, 100"
+    arguments = ("ARRAY[" + ", ".join(f"'{hint}'" for hint in hints)
+                 + "]::text[], 4611686018427387904, 100, 100, 4611686018427387904")
     sql = _batches_statement("postgresql", Mode.FAIL_FIRST).text
-    for i, name in enumerate(("hints", "horizon", "per_hint", "limit"), 1):
+    for i, name in enumerate(("hints", "horizon", "per_hint", "limit", "page_bytes"), 1):
         sql = sql.replace(f":{name}", f"${i}")
     with store.engine.connect() as connection:
         connection.exec_driver_sql(_GENERIC_PLANS)
-        connection.exec_driver_sql(f"PREPARE batches(text[], bigint, int, int) AS {sql}")
+        connection.exec_driver_sql(f"PREPARE batches(text[], bigint, int, int, bigint) AS {sql}")
         assert len(connection.exec_driver_sql(f"EXECUTE batches({arguments})").all()) == 100  # the plan is made
         connection.commit()
         connection.exec_driver_sql(
@@ -805,7 +847,8 @@ def test_a_burst_after_a_quiet_spell_of_delivery_records_costs_the_engine_what_i
     hints = list(store.messages_candidates(slot, "", 100).fresh)
     assert len(hints) > 5
     plans["batches"] = _explain(store, _batches_statement("postgresql", Mode.FAIL_FIRST).text,
-                                {"hints": hints, "horizon": 2**62, "per_hint": 100, "limit": 100}, generic)
+                                {"hints": hints, "horizon": 2**62, "per_hint": 100, "limit": 100,
+                                 "page_bytes": 2**62}, generic)
     with store.engine.begin() as connection:
         rows = connection.execute(text(
             "SELECT id, slot FROM correlation_message WHERE state = 'ready' ORDER BY id LIMIT 500"
@@ -888,13 +931,14 @@ def test_batches_planned_at_a_bursts_size_read_each_hints_rows_whatever_the_stat
     _quiet_after_a_burst(store)
     _burst(store)
     hints = "{" + ",".join(f"hint-{n}" for n in range(5)) + "}"
-    sql = _page_sql(Mode.FAIL_FIRST).replace("%(per_hint)s", "$1").replace("%(limit)s", "$2")
+    sql = (_page_sql(Mode.FAIL_FIRST).replace("%(per_hint)s", "$1").replace("%(limit)s", "$2")
+           .replace("%(page_bytes)s", "$3"))
     with store.engine.connect() as connection:
-        connection.exec_driver_sql(f"PREPARE page(int, int) AS {sql}")
+        connection.exec_driver_sql(f"PREPARE page(int, int, bigint) AS {sql}")
         connection.exec_driver_sql(_GENERIC_PLANS)
         connection.exec_driver_sql(f"SELECT set_config('{_PAGE_HINTS}', '{hints}', true), "
                                    f"set_config('{_PAGE_HORIZON}', '4611686018427387904', true)")
-        raw = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page(100, 100)").scalar_one()
+        raw = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page(100, 100, 16777216)").scalar_one()
         connection.exec_driver_sql("DEALLOCATE page")
     nodes = _walk(dict((raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]))
     assert nodes[0]["Actual Rows"] == 100

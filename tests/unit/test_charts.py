@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from worker.policy.charts import POINTS, series, step_for
+from worker.policy.charts import POINTS, series, shown_span, step_for
 
 NOW = datetime(2026, 11, 25, 10, 0, 0, tzinfo=UTC)
 STEP = timedelta(seconds=15)
@@ -108,3 +108,28 @@ def test_the_step_is_the_window_over_the_points_never_finer_than_the_samples(
 ) -> None:
     assert step_for(window, interval) == timedelta(seconds=step)
     assert window / step_for(window, interval) <= POINTS
+
+
+@pytest.mark.parametrize(
+    ("first_sample_ago", "window", "spans"),
+    [
+        (timedelta(minutes=4), HOUR, timedelta(minutes=4, seconds=15)),  # a young cluster: from its first sample
+        (timedelta(minutes=4), timedelta(hours=24), timedelta(minutes=4, seconds=15)),
+        (timedelta(hours=3), HOUR, HOUR),  # older than the window: the window asked
+        (timedelta(hours=3), timedelta(hours=24), timedelta(hours=3, seconds=15)),
+        (timedelta(0), HOUR, STEP),
+    ],
+)
+def test_charts_span_from_the_clusters_first_sample_or_the_window_asked(
+    first_sample_ago: timedelta, window: timedelta, spans: timedelta
+) -> None:
+    rows = [Row(NOW - first_sample_ago, "a", {"success": 0}), Row(NOW, "a", {"success": 10})]
+    shown = shown_span(rows, NOW, window, STEP)
+    assert shown == spans
+    drawn = series(rows, NOW, shown, step_for(shown, STEP))
+    assert drawn["at"][0] <= max(NOW - first_sample_ago, NOW - window).timestamp() + drawn["step_seconds"]
+    assert drawn["at"][-1] - drawn["at"][0] <= shown.total_seconds()
+
+
+def test_charts_without_samples_span_the_window() -> None:
+    assert shown_span([], NOW, HOUR, STEP) == HOUR

@@ -376,6 +376,63 @@ def test_a_route_that_cannot_work_is_refused_when_it_is_built(spec: object, expe
     assert "CORRELATION_CORRELATORS[*]" in str(info.value) and expected in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("spec", "keys"),
+    [
+        ({"type": "python"}, ["'handler'", "'target'"]),
+        ({"type": "python", "handler": ""}, ["'handler'", "'target'"]),
+        ({"type": "python", "transactional": True}, ["'handler'", "'target'"]),
+        ({"type": "http"}, ["'url'"]),
+        ({"type": "http", "preset": "camunda7"}, ["'url'"]),
+        ({"handler": "json:dumps"}, ["'type'", "python"]),
+        ({}, ["'type'", "log", "http", "camunda8"]),
+        ({"typ": "http", "url": "http://engine"}, ["'typ': did you mean 'type'?"]),
+    ],
+)
+def test_a_route_missing_its_target_names_the_keys_it_needs(spec: dict[str, object], keys: list[str]) -> None:
+    from worker.correlators import Router
+
+    with pytest.raises(ConfigError) as info:
+        Router.from_settings({"order.paid": spec})
+    said = str(info.value)
+    assert said.startswith("invalid setting CORRELATION_CORRELATORS[order.paid]: ") and "\n" not in said
+    assert all(key in said for key in keys), said
+
+
+@pytest.mark.parametrize(
+    ("toml", "named", "suggestion"),
+    [
+        ('[polll]\ninterval = "PT1S"\n', "CORRELATION_POLLL", "'poll'"),
+        ('[poll]\nintervall = "PT1S"\n', "CORRELATION_POLL__INTERVALL", "'interval'"),
+        ('[databse]\nurl = "sqlite:///x"\n', "CORRELATION_DATABSE", "'database'"),
+        ('[admin]\ntokken = "x"\n', "CORRELATION_ADMIN__TOKKEN", "'token'"),
+        ('[correlator]\n"*" = "log"\n', "CORRELATION_CORRELATOR", "'correlators'"),
+        ('[policies."invoice.sent"]\nmax_retrys = 3\n', "CORRELATION_POLICIES[invoice.sent].max_retrys",
+         "'max_retries'"),
+        ('[policy]\nbackof_cap = "PT1H"\n', "CORRELATION_POLICY__BACKOF_CAP", "'backoff_cap'"),
+    ],
+)
+def test_a_misspelt_section_or_key_of_the_settings_file_gets_a_suggestion(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toml: str, named: str, suggestion: str
+) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text(toml, encoding="utf-8")
+    monkeypatch.setenv("CORRELATION_CONFIG_FILE", str(config))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == f"invalid setting {named}: is not a known setting; did you mean {suggestion}?"
+
+
+def test_a_key_of_the_settings_file_near_no_known_one_lists_the_known_keys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text('[shutdown]\nzzz = 1\n', encoding="utf-8")
+    monkeypatch.setenv("CORRELATION_CONFIG_FILE", str(config))
+    with pytest.raises(ConfigError, match=r"CORRELATION_SHUTDOWN__ZZZ: is not a known setting; the known keys there: "):
+        load_settings()
+
+
 def _two_arguments(message: object, other: object) -> None:
     """Not a correlator: it needs two arguments."""
 

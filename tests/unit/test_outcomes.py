@@ -206,6 +206,26 @@ def test_a_coroutine_from_an_async_handler_is_refused_and_closed() -> None:
     assert coroutine.cr_frame is None  # closed: no "never awaited" warning
 
 
+@pytest.mark.parametrize("max_retries", [1, 2, 5])
+@pytest.mark.parametrize(
+    "error", [RuntimeError("no process waiting"), Retry("engine busy"), HandlerTimeout("took 10 s")],
+    ids=["exception", "retry", "timeout"],
+)
+def test_a_row_dead_after_failures_without_its_buffer_keeps_the_reason_in_its_last_error(
+    max_retries: int, error: BaseException
+) -> None:
+    policy = Policy(time_to_live=seconds(3600), max_retries=max_retries)
+    row = message(1, created_at=T0 + timedelta(days=365))
+    kinds = []
+    for n in range(1, max_retries + 1):
+        d = resolve(row, error, policy, T0 + seconds(n), POLL)
+        kinds.append(d.kind)
+        assert d.last_error is not None and "not buffered by the time-to-live: created_at" in d.last_error, d
+        assert str(error) in d.last_error
+        row = message(1, created_at=row.created_at, attempt=d.attempt, last_error=d.last_error)
+    assert kinds == [Kind.RETRY] * (max_retries - 1) + [Kind.DEAD]
+
+
 def test_a_created_at_in_the_future_gets_no_buffer_its_failures_are_counted_and_shown() -> None:
     row = message(1, created_at=T0 + timedelta(days=365), time_to_live=seconds(3600))
     for n in range(1, 4):

@@ -24,7 +24,8 @@ from worker.admin.auth import Caller
 from worker.admin.console import Console
 from worker.admin.errors import AdminError, BadRequest, Forbidden, MethodNotAllowed, NotFound, refuse_nul
 from worker.db.console import BULK_ACTIONS
-from worker.db.store import DatabaseBusy, DatabaseUnavailable
+from worker.db.store import DatabaseBusy, DatabaseUnavailable, StoreError
+from worker.echo import bounded_line
 
 BODY_MAX = 1_048_576  # bytes of a request body
 SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -35,7 +36,9 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """``{"error": message}`` with the status."""
-    return JSONResponse({"error": message}, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
+    return JSONResponse(
+        {"error": bounded_line(message)}, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})}
+    )
 
 
 def store_error(error: Exception) -> JSONResponse:
@@ -46,7 +49,9 @@ def store_error(error: Exception) -> JSONResponse:
             f"the database gave up the request ({error}); a statement timeout is "
             "CORRELATION_ADMIN__STATEMENT_TIMEOUT: narrow the filter or try again",
         )
-    return error_response(503, f"the database is not reachable: {error}")
+    if isinstance(error, DatabaseUnavailable):
+        return error_response(503, f"the database is not reachable: {error}")
+    return error_response(503, f"the database could not answer: {error}")
 
 
 async def json_body(request: Request) -> dict[str, Any]:
@@ -87,11 +92,16 @@ def api_application(console: Console) -> Starlette:
                 )
             try:
                 refuse_nul(request.url.path, *(f"{k}={v}" for k, v in request.query_params.multi_items()))
-                data = await handler(request, caller)
+                try:
+                    data = await handler(request, caller)
+                except DatabaseUnavailable:
+                    if request.method != "GET":
+                        raise
+                    data = await handler(request, caller)  # once more on a fresh connection (see the pages)
             except AdminError as error:
                 allow = {"Allow": ", ".join(error.allow)} if isinstance(error, MethodNotAllowed) else None
                 return error_response(error.status, str(error), allow)
-            except (DatabaseBusy, DatabaseUnavailable) as error:
+            except StoreError as error:  # any trouble of the database: a 503 naming it, never a bare 500
                 return store_error(error)
             return JSONResponse(data, status_code=201 if created else 200, headers=SECURITY_HEADERS)
 

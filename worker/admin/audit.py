@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker.admin.errors import BadRequest
+from worker.admin.messages import is_row_id, whole_number
 from worker.db.console import AuditEntry
 from worker.db.store import Store
 
@@ -38,10 +39,10 @@ def parse_page(params: Mapping[str, str]) -> tuple[int | None, int]:
     if unknown:
         raise BadRequest(f"unknown parameter(s) {', '.join(unknown)}; use after and limit")
     after = params.get("after") or None
-    if after is not None and not after.isdigit():
+    if after is not None and not is_row_id(after):
         raise BadRequest(f"'after' must be the 'next' of a previous page (a whole number), not {after!r}")
     limit_text = params.get("limit") or str(DEFAULT_LIMIT)
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
+    if not whole_number(limit_text, MAX_LIMIT):
         raise BadRequest(f"'limit' must be a whole number from 1 to {MAX_LIMIT}, not {limit_text!r}")
     return (None if after is None else int(after)), int(limit_text)
 

@@ -6,11 +6,16 @@ pages show the message. Messages are one sentence naming the thing and the fix.
 
 from __future__ import annotations
 
+from worker.echo import bounded_line
+
 
 class AdminError(Exception):
     """An operator request that cannot be carried out as given (a bad request unless a subclass says more)."""
 
     status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(bounded_line(message))  # it may echo what was sent: at most one readable line
 
 
 class BadRequest(AdminError):

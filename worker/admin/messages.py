@@ -7,7 +7,7 @@ action runs in chunks of ``chunk`` rows and writes one audit row with what it ch
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,7 +18,7 @@ from worker.admin.pauses import pause_infos
 from worker.config import Mode
 from worker.db.console import ACTION_STATE, BULK_ACTIONS, ConsoleFilter, Listed
 from worker.db.store import MessageFilter, Store, StoreError
-from worker.message import MessageState
+from worker.message import Message, MessageState
 from worker.policy.holdback import hint_holdback, message_note
 
 MAX_ID = 2**63 - 1
@@ -30,6 +30,17 @@ TEXT_MAX = 255
 ERROR_SHOWN = 300  # characters of last_error in a list
 
 FILTER_KEYS = ("ids", "name", "hint", "state", "all")
+
+
+def is_row_id(text: str) -> bool:
+    """True when the text is a row id: ASCII digits, from 1 to the largest bigint (a longer run of digits is
+    not converted: that would be quadratic, and Python refuses beyond 4300 digits)."""
+    return whole_number(text, MAX_ID)
+
+
+def whole_number(text: str, largest: int) -> bool:
+    """True when the text is a whole number from 1 to ``largest``, in ASCII digits."""
+    return text.isascii() and text.isdigit() and len(text) <= len(str(largest)) and 1 <= int(text) <= largest
 
 
 # -- parsing what operators send ---------------------------------------------------------------------------------
@@ -60,7 +71,7 @@ def _row_id(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise BadRequest(f"{key!r} must be a message id (a whole number from 1), not {json.dumps(value, default=str)}")
     text = str(value).strip()
-    if not text.isdigit() or not 1 <= int(text) <= MAX_ID:
+    if not is_row_id(text):
         raise BadRequest(f"{key!r} must be a message id (a whole number from 1 to {MAX_ID}), not {text!r}")
     return int(text)
 
@@ -113,10 +124,10 @@ def parse_listing(params: Mapping[str, str]) -> tuple[ConsoleFilter, int, int]:
             MessageState.READY if census_state == "waiting" else None
         ),
     )
-    after = 0 if "after" not in value else _row_id(value["after"], "after")
+    after = 0 if value.get("after", "0").strip() == "0" else _row_id(value["after"], "after")  # 0: the start
     limit = DEFAULT_LIMIT
     if "limit" in value:
-        if not value["limit"].isdigit() or not 1 <= int(value["limit"]) <= MAX_LIMIT:
+        if not whole_number(value["limit"], MAX_LIMIT):
             raise BadRequest(f"'limit' must be a whole number from 1 to {MAX_LIMIT}, not {value['limit']!r}")
         limit = int(value["limit"])
     wanted = ConsoleFilter(
@@ -176,7 +187,7 @@ def messages_page(store: Store, wanted: ConsoleFilter, after: int, limit: int) -
 def message_detail(store: Store, reference: str) -> dict[str, Any]:
     """One message, whole, by its id or (when it is no id) its producer's ``message_id``."""
     listed = None
-    if reference.isdigit() and 1 <= int(reference) <= MAX_ID:
+    if is_row_id(reference):
         listed = store.console_message(int(reference))
     if listed is None:
         listed = store.console_message_by_message_id(reference)
@@ -186,6 +197,47 @@ def message_detail(store: Store, reference: str) -> dict[str, Any]:
     message = listed.message
     data["due"] = "now" if message.next_attempt_at is None else message.next_attempt_at.isoformat()
     return data
+
+
+def resolve_references(store: Store, references: Sequence[str]) -> tuple[int, ...]:
+    """The row ids of messages named by id (4711) or by their producer's ``message_id`` (shop-4711-paid), as
+    ``messages show`` takes them: a number is an id unless it is only the ``message_id`` of another message; a
+    message_id that no message holds, or a number that names two messages, is refused."""
+    ids: list[int] = []
+    for reference in references:
+        by_message_id = store.messages_get_by_message_id(reference)
+        if not is_row_id(reference):
+            if by_message_id is None:
+                raise NotFound(f"no message with message_id {reference!r} (nor is it an id, a whole number from 1)")
+            ids.append(by_message_id.id)
+        elif by_message_id is None or by_message_id.id == int(reference):
+            ids.append(int(reference))
+        elif store.messages_get(int(reference)) is None:  # a number only as a message_id
+            ids.append(by_message_id.id)
+        else:
+            raise BadRequest(
+                f"{reference!r} is the id of message {reference} and the message_id of message {by_message_id.id}: "
+                f"name the latter by its id {by_message_id.id}"
+            )
+    return tuple(dict.fromkeys(ids))
+
+
+def held_message_id(message_id: str, holder: Message | None) -> str:
+    """Why a ``message_id`` sent again inserted nothing, and the command that frees it for a new message."""
+    if holder is None:  # left between the insert and this read: the id is free again
+        return f"message_id {message_id!r} was taken by a message that has left since; nothing inserted: send it again"
+    said = f"message_id {message_id!r} is held by message {holder.id} ({holder.state.value}"
+    if holder.delivery is not None:
+        return (
+            f"{said}, its delivery record: {holder.delivery.outcome} at {holder.delivery.finished_at.isoformat()}, "
+            f"kept for CORRELATION_DELIVERY__RETENTION); nothing inserted. To send it again, free the id with "
+            f"`correlation-worker delete --state delivered {holder.id}`"
+        )
+    return (
+        f"{said}); nothing inserted. It is still to be correlated (`correlation-worker requeue {holder.id}` retries "
+        f"a dead one); to send it anew, `correlation-worker delete {holder.id}`, then free the id with "
+        f"`correlation-worker delete --state delivered {holder.id}`"
+    )
 
 
 def hint_view(store: Store, mode: Mode, hint: str, after: int = 0, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:

@@ -130,4 +130,6 @@ def targets(store: Store) -> list[dict[str, Any]]:
 def require_selection(selection: MessageFilter, everything: bool, action: str) -> None:
     """Refuse to act on the whole table unless the operator said so."""
     if selection.is_empty() and not everything:
-        raise AdminError(f"{action} needs message ids, --name, --hint or --state (or --all for every message)")
+        raise AdminError(
+            f"{action} needs message ids or message_ids, --name, --hint or --state (or --all for every message)"
+        )

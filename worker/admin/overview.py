@@ -16,7 +16,7 @@ from worker.admin.operations import routing, targets
 from worker.config import Mode
 from worker.db.store import Store
 from worker.engine.leases import MEMBER_PREFIX, SLOT_PREFIX
-from worker.policy.charts import WINDOWS, series, step_for
+from worker.policy.charts import WINDOWS, series, shown_span, step_for
 
 OLDEST_BUDGET = 10  # hints per slot looked at for the oldest eligible message (beyond: a lower bound)
 RATE_WINDOW = 60.0  # seconds over which throughput is averaged
@@ -142,5 +142,6 @@ def charts(store: Store, window: str, sample_interval: timedelta) -> dict[str, A
     if span is None:
         raise BadRequest(f"window {window!r} is not one of {', '.join(WINDOWS)}")
     now, samples = store.samples_read(span + sample_interval * 2)  # the rows just before the window set baselines
-    step = step_for(span, sample_interval)
-    return {"window": window, "now": now.isoformat(), **series(samples, now, span, step)}
+    shown = shown_span(samples, now, span, sample_interval)
+    step = step_for(shown, sample_interval)
+    return {"window": window, "now": now.isoformat(), **series(samples, now, shown, step)}

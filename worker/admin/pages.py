@@ -29,7 +29,7 @@ from worker.admin.auth import LOGIN_COOKIE, SESSION_COOKIE, Session
 from worker.admin.console import Console
 from worker.admin.errors import AdminError, BadRequest, refuse_nul
 from worker.db.console import BULK_ACTIONS
-from worker.db.store import DatabaseBusy, DatabaseUnavailable, MessageFilter
+from worker.db.store import DatabaseBusy, DatabaseUnavailable, MessageFilter, StoreError
 
 if TYPE_CHECKING:
     from starlette.templating import Jinja2Templates
@@ -163,6 +163,19 @@ def pages_application(console: Console) -> Starlette:
         """The handler behind the session check and, for a POST, the CSRF (and write) check."""
         async def endpoint(request: Request) -> Response:
             session = auth.session(request.cookies.get(SESSION_COOKIE))
+            try:
+                try:
+                    return await checked(request, session)
+                except DatabaseUnavailable:
+                    if request.method != "GET":
+                        raise
+                    # A connection the server dropped (a restart while the console was idle) is let go with the
+                    # pool's older ones: a read goes once more, on a fresh one. An action is never sent twice.
+                    return await checked(request, session)
+            except StoreError as error:  # the session's own check included: a readable page, never a bare 500
+                return database_trouble(request, session, error)
+
+        async def checked(request: Request, session: Session | None) -> Response:
             if session is not None and await run_in_threadpool(store.session_ended, auth.ended_key(session)):
                 session = None  # logged out: a copy of the cookie opens nothing
             if session is None:
@@ -187,14 +200,18 @@ def pages_application(console: Console) -> Starlette:
                 return await handler(request, session, form)
             except AdminError as error:
                 return render(request, "error.html", session, error.status, title="Not done", error=str(error))
-            except DatabaseBusy as error:
-                return render(request, "error.html", session, 503, title="Too slow",
-                              error=f"the database gave up the request ({error}); a statement timeout is "
-                                    "CORRELATION_ADMIN__STATEMENT_TIMEOUT: narrow the filter or try again")
-            except DatabaseUnavailable as error:
-                return render(request, "error.html", session, 503, title="No database", error=str(error))
 
         return endpoint
+
+    def database_trouble(request: Request, session: Session | None, error: StoreError) -> Response:
+        """A 503 page naming what the database could not do, and what to do about it."""
+        if isinstance(error, DatabaseBusy):
+            return render(request, "error.html", session, 503, title="Too slow",
+                          error=f"the database gave up the request ({error}); a statement timeout is "
+                                "CORRELATION_ADMIN__STATEMENT_TIMEOUT: narrow the filter or try again")
+        title = "No database" if isinstance(error, DatabaseUnavailable) else "Database trouble"
+        return render(request, "error.html", session, 503, title=title,
+                      error=f"{error}; the console shows this page until the database answers again: reload then")
 
     # -- login ------------------------------------------------------------------------------------------------
 

@@ -92,6 +92,11 @@ def _python(spec: Mapping[str, Any], setting: str) -> Correlator:
     connection of the transaction that records the outcome."""
     if "handler" in spec and "target" in spec:
         raise ConfigError(f"invalid setting {setting}: give the function as 'handler' or as 'target', not both")
+    if not spec.get("handler", spec.get("target")):
+        raise ConfigError(
+            f"invalid setting {setting}: a python route needs 'handler' (or 'target'), the function as "
+            '"module:function": {"type": "python", "handler": "shop.handlers:on_paid"}'
+        )
     function = str(spec.get("handler", spec.get("target", "")))
     transactional = spec.get("transactional", False)
     if not isinstance(transactional, bool):
@@ -110,6 +115,13 @@ def _build(name: str, spec: str | Mapping[str, Any], destinations: dict[str, Any
             return load_callable(spec, setting)
         raise ConfigError(f"invalid setting {setting}: {spec!r} is neither 'log' nor 'module:function'")
     kind = spec.get("type")
+    if kind is None:
+        misspelt = next((key for key in spec if difflib.get_close_matches(str(key), ["type"], n=1)), None)
+        hint = f" ({misspelt!r}: did you mean 'type'?)" if misspelt is not None else ""
+        raise ConfigError(
+            f"invalid setting {setting}: a route object needs 'type', one of {', '.join(ROUTE_KEYS)}{hint} "
+            '(e.g. {"type": "http", "url": ...})'
+        )
     known = ROUTE_KEYS.get(kind) if isinstance(kind, str) else None
     for key in spec:
         if known is not None and key not in known:

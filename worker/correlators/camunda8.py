@@ -163,7 +163,7 @@ def _build_cluster(url: str | None, timeout: float, setting: str) -> Cluster:
     except ImportError:
         raise ConfigError(
             f"invalid setting {setting}: the camunda8 correlator needs Camunda's SDK: "
-            "pip install 'correlation-worker[camunda8]'"
+            "pip install '.[camunda8]' in a clone of correlation-worker"
         ) from None
     unknown = unknown_variable_problem(os.environ, [*CAMUNDA_SDK_CONFIG_KEYS, "CAMUNDA_LOAD_ENVFILE"])
     if unknown is not None:

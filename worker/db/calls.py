@@ -719,7 +719,10 @@ class CallStatements(LockStatements):
         except DBAPIError as error:
             if not isolate or _transient(error):
                 raise
-            reason = storable_text(f"the worker could not record the outcome of this message: {error.orig}")
+            reason = f"the worker could not record the outcome of this message: {error.orig}"
+            if disposition.last_error:  # the failure it was to record stays the message's reason too
+                reason += f"; the outcome was a failure: {disposition.last_error}"
+            reason = storable_text(reason)
             try:
                 with connection.begin_nested():
                     connection.execute(_DEAD_LETTER, {"id": disposition.message_id, "reason": reason})

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from sqlalchemy import ARRAY, BigInteger, Integer, Text, bindparam, select, text
+from sqlalchemy import ARRAY, BigInteger, BindParameter, Integer, Text, bindparam, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import TextClause
 
@@ -34,7 +34,7 @@ from worker.config import Mode
 from worker.db.base import PREPARED, Fence, StoreBase, driver_rows, driver_sql, int_array, text_array
 from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
-from worker.message import Message
+from worker.message import PAYLOAD_MAX_BYTES, Message
 from worker.policy.outcomes import storable_text
 
 # -- values ---------------------------------------------------------------------------------------------------
@@ -71,6 +71,8 @@ class Fetched:
     # Hints whose batch the page's limit cut short (PostgreSQL; None: not known, any hint may have been)
     cut: frozenset[str] | None = None
     marked: frozenset[int] = frozenset()  # calls the fetch marked in flight itself (see FetchMark)
+    # Whether the page's payload bytes reached its bound (rows may have been left for the next fetch)
+    bytes_full: bool = False
     remaining: float | None = None  # with them: the seconds left of the term they were marked under
 
 
@@ -286,6 +288,7 @@ _LOOK_SQL = text(
 _PAUSES_PG = text("SELECT id, scope, target, reason, created_by, created_at FROM correlation_pause ORDER BY id")
 
 _HINT = 3  # the hint's column in ENGINE_COLUMNS
+_PAYLOAD = 4  # the payload's (as text)
 
 # Whether a call of the message is in flight: a primary-key probe of correlation_call per row read. On PostgreSQL
 # the OFFSET 0 keeps it one (with sequential scans priced out, see _GENERIC_PLANS): without it the planner may
@@ -351,7 +354,13 @@ def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
          ORDER BY {in_order("m")} LIMIT :per_hint"""
 
 
-def _batches_statement(dialect: str, mode: Mode) -> TextClause:
+def _page_names(row: str) -> str:
+    """ENGINE_COLUMNS by name, as a row ``row`` of a subquery has them."""
+    return ", ".join(f"{row}.{column.split(' AS ')[-1].split('.')[-1]}" for column in ENGINE_COLUMNS.split(", "))
+
+
+def _batches_statement(dialect: str, mode: Mode, bounded: bool = True) -> TextClause:
+    """The batches' statement; ``bounded`` (PostgreSQL): the page also stops at ``:page_bytes`` of payloads."""
     if dialect == "postgresql":
         def inner(hint: str) -> str:
             return _batch_sql(dialect, mode, hint).replace(f"{ENGINE_COLUMNS}, {_in_flight(dialect, 'm')}", "m.*", 1)
@@ -361,48 +370,69 @@ def _batches_statement(dialect: str, mode: Mode) -> TextClause:
         # work (a message delivered again after a crash among it) goes first. The hints are put in that order
         # first (one probe each), so that the batches are read in it and no further than the limit.
         # Each row says how long its hint's batch is: a hint with fewer rows in the page was cut by the limit.
-        sql = f"""
+        page = f"""
             SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, x.batch, {_in_flight(dialect, "x")}
               FROM unnest(ARRAY(SELECT c.hint FROM unnest(CAST(:hints AS text[])) AS c(hint)
                                  CROSS JOIN LATERAL (SELECT y.id FROM ({inner("c.hint")}) AS y LIMIT 1) AS h
                                  ORDER BY h.id)) WITH ORDINALITY AS o(hint, turn)
              CROSS JOIN LATERAL (SELECT y.*, count(*) OVER () AS batch FROM ({inner("o.hint")}) AS y) AS x
              ORDER BY o.turn, x.id LIMIT :limit"""
-        return text(sql).bindparams(
+        parameters: list[BindParameter[Any]] = [
             bindparam("hints", type_=ARRAY(Text())),
             bindparam("horizon", type_=BigInteger()),
             bindparam("per_hint", type_=Integer()),
             bindparam("limit", type_=Integer()),
-        )
+        ]
+        if not bounded:
+            return text(page).bindparams(*parameters)
+        # Bounded, the page also stops adding rows once their payloads reach :page_bytes (its first row is always
+        # taken): a running sum over the rows the limit let through, so the batches are still read no further
+        # than the limit. It costs about a tenth of the statement; a fetch whose limit cannot reach the bound
+        # (page_size times the largest payload the schema lets in) runs the page alone (see _page_bounded).
+        page = page.replace(" x.batch, ", " x.batch, o.turn AS page_turn, ", 1)
+        sql = f"""
+            SELECT {_page_names("w")}, w.batch, w.in_flight FROM (
+              SELECT q.*, sum(octet_length(q.payload)) OVER (ORDER BY q.page_turn, q.id
+                                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                            AS bytes_before
+                FROM ({page}) AS q
+            ) AS w
+             WHERE w.bytes_before IS NULL OR w.bytes_before < :page_bytes"""
+        return text(sql).bindparams(*parameters, bindparam("page_bytes", type_=BigInteger()))
     return text(_batch_sql(dialect, mode, ":hint")).bindparams(
         bindparam("horizon", type_=BigInteger()), bindparam("per_hint", type_=Integer())
     )
 
 
+def _page_bounded(limit: int, page_bytes: int) -> bool:
+    """Whether a page of ``limit`` rows could reach ``page_bytes`` of payloads (each at most PAYLOAD_MAX_BYTES)."""
+    return limit * PAYLOAD_MAX_BYTES > page_bytes
+
+
 @functools.cache
-def _page_sql(mode: Mode) -> str:
+def _page_sql(mode: Mode, bounded: bool = True) -> str:
     """PostgreSQL: the batches' statement reading its hints and horizon from what :func:`_slot_fetch_sql` set for
     the transaction (driver placeholders)."""
-    sql = driver_sql(_statement("postgresql", "batches", mode, lambda: _batches_statement("postgresql", mode)))
+    sql = driver_sql(_statement("postgresql", "batches", (mode, bounded),
+                                lambda: _batches_statement("postgresql", mode, bounded)))
     return sql.replace(
         "CAST(%(hints)s AS text[])", f"CAST(current_setting('{_PAGE_HINTS}', true) AS text[])"
     ).replace("%(horizon)s", f"CAST(current_setting('{_PAGE_HORIZON}', true) AS bigint)")
 
 
 # The columns of the batches' rows (ENGINE_COLUMNS, the batch's length and whether a call is in flight), by name.
-_PAGE_COLUMNS = ", ".join(
-    f"p.{column.split(' AS ')[-1].split('.')[-1]}" for column in ENGINE_COLUMNS.split(", ")
-) + ", p.batch, p.in_flight"
+_PAGE_COLUMNS = _page_names("p") + ", p.batch, p.in_flight"
 
 
 @functools.cache
-def _page_marking_sql(mode: Mode) -> str:
+def _page_marking_sql(mode: Mode, bounded: bool = True) -> str:
     """PostgreSQL: :func:`_page_sql` that also marks in flight the first run of the page's first ``mark`` hints
     (see :class:`FetchMark`), as :data:`worker.db.calls._MARK_PG` marks a run: under the term while it runs,
     committed without waiting for the disk, a message in flight already left alone. One statement, so the calls
     marked start their hints' batches as the rows returned have them. Each row also says whether it was marked,
     and the seconds left of the term (NULL: the term has ended, nothing was marked)."""
-    page = _page_sql(mode).replace(" x.batch, ", " x.batch, o.turn AS page_turn, ", 1)
+    page = (_page_sql(mode, bounded).replace(" w.batch, ", " w.batch, w.page_turn, ", 1) if bounded
+            else _page_sql(mode, bounded).replace(" x.batch, ", " x.batch, o.turn AS page_turn, ", 1))
     return f"""
         WITH page AS MATERIALIZED ({page}
         ), term AS MATERIALIZED (
@@ -563,10 +593,11 @@ def page_size_class(table_bytes: int) -> int:
 
 
 @functools.cache
-def _page_statement(mode: Mode, marking: bool, size_class: int) -> str:
+def _page_statement(mode: Mode, marking: bool, size_class: int, bounded: bool = True) -> str:
     """The batches' statement (:func:`_page_sql`, or :func:`_page_marking_sql` when it marks) as a fetch runs it
     while the table is of ``size_class``: a distinct text, so a prepared plan of its own."""
-    return (_page_marking_sql(mode) if marking else _page_sql(mode)) + f"\n/* table size class {size_class} */"
+    page = _page_marking_sql(mode, bounded) if marking else _page_sql(mode, bounded)
+    return page + f"\n/* table size class {size_class} */"
 
 
 class FetchStatements(StoreBase):
@@ -610,10 +641,13 @@ class FetchStatements(StoreBase):
         return self._driver_statements(work)
 
     def messages_fetch_batches(
-        self, hints: Sequence[str], *, horizon: int, per_hint: int, limit: int, mode: Mode
+        self, hints: Sequence[str], *, horizon: int, per_hint: int, limit: int, mode: Mode,
+        page_bytes: int | None = None,
     ) -> Fetched:
-        """Each hint's batch (at most ``per_hint`` messages, ``limit`` in all), in id order per hint."""
-        return self._run(lambda c: self._batches(c, hints, horizon, per_hint, limit, mode, self._now(c)))
+        """Each hint's batch (at most ``per_hint`` messages, ``limit`` in all, and no message added once the
+        payloads reach ``page_bytes``), in id order per hint."""
+        bound = _bytes_bound(page_bytes)
+        return self._run(lambda c: self._batches(c, hints, horizon, per_hint, limit, mode, self._now(c), bound))
 
     def messages_fetch_slot(
         self,
@@ -628,6 +662,7 @@ class FetchStatements(StoreBase):
         passed_over: Sequence[tuple[int, str]] = (),
         mark: FetchMark | None = None,
         reuse_horizon: int | None = None,
+        page_bytes: int | None = None,
     ) -> tuple[Candidates, Fetched]:
         """A slot's fetch: its candidate hints (up to ``budget`` fresh ones after ``after``, wrapping round, and up
         to ``budget`` due ones; none of ``skip``, the hints this replica will not take now), and those hints'
@@ -647,16 +682,22 @@ class FetchStatements(StoreBase):
         earlier fetch took when no producer transaction was registered. A reading taken before this fetch's
         snapshot is as safe as its own (every id at or below it belonged to a transaction that had ended); it
         only leaves out what was committed since, and reading the horizon reads every lock of the server.
+
+        With ``page_bytes``, the page takes no further message once its payloads reach that many bytes (its first
+        message is always taken); :attr:`Fetched.bytes_full` says the bound was reached.
         """
+        bound = _bytes_bound(page_bytes)
         if self.dialect == "sqlite":
             candidates = self._run(lambda c: self._candidates(c, slot, after, budget, skip))
             hints = list(dict.fromkeys(candidates.due + candidates.fresh))
-            fetched = self._run(lambda c: self._batches(c, hints, 2**62, per_hint, limit, mode, candidates.now))
+            fetched = self._run(
+                lambda c: self._batches(c, hints, 2**62, per_hint, limit, mode, candidates.now, bound)
+            )
             return candidates, fetched
         params = {
             "slot": slot, "after": after, "budget": budget, "skip": text_array(skip),
             "passed": text_array(f"{pin}/{holder}" for pin, holder in passed_over),
-            "per_hint": per_hint, "limit": limit, "reuse": reuse_horizon,
+            "per_hint": per_hint, "limit": limit, "reuse": reuse_horizon, "page_bytes": bound,
         }
         marking = mark is not None and mark.count > 0
         if mark is not None and marking:
@@ -672,7 +713,8 @@ class FetchStatements(StoreBase):
     ) -> tuple[Candidates, Fetched]:
         statement = _slot_fetch(skipped, reused=params["reuse"] is not None)
         # A plan kept for each size of the table (see PAGE_PLAN_SIZE_STEP).
-        page_sql = _page_statement(mode, marking, page_size_class(self._table_bytes))
+        bounded = _page_bounded(params["limit"], params["page_bytes"])
+        page_sql = _page_statement(mode, marking, page_size_class(self._table_bytes), bounded)
         clock, page = driver.cursor(), driver.cursor(binary=True)
         with clock, page:
             if _PIPELINE and driver.autocommit:
@@ -688,11 +730,12 @@ class FetchStatements(StoreBase):
             candidates = _candidates_of(clock.fetchall())
             rows = page.fetchall()
         self._table_bytes = candidates.table_bytes or 0
+        bound = params["page_bytes"]
         if not marking:
-            return candidates, _fetched(rows, sqlite=False, now=candidates.now)
+            return candidates, _fetched(rows, sqlite=False, now=candidates.now, page_bytes=bound)
         marked = frozenset(int(row[0]) for row in rows if row[-2])
         remaining = next((float(row[-1]) for row in rows if row[-1] is not None), None)
-        fetched = _fetched([row[:-2] for row in rows], sqlite=False, now=candidates.now)
+        fetched = _fetched([row[:-2] for row in rows], sqlite=False, now=candidates.now, page_bytes=bound)
         return candidates, replace(fetched, marked=marked, remaining=remaining)
 
     def _candidates(
@@ -728,26 +771,42 @@ class FetchStatements(StoreBase):
         limit: int,
         mode: Mode,
         now: datetime,
+        page_bytes: int = 2**62,
     ) -> Fetched:
         if not hints:
             return Fetched((), (), now)
-        statement = _statement(self.dialect, "batches", mode, lambda: _batches_statement(self.dialect, mode))
         sqlite = self.dialect == "sqlite"
+        bounded = not sqlite and _page_bounded(limit, page_bytes)
+        statement = _statement(self.dialect, "batches", (mode, bounded),
+                               lambda: _batches_statement(self.dialect, mode, bounded))
         if not sqlite:
             # The driver's own cursor, binary: this statement reads every message the engine handles, and rows
             # built by the driver alone cost a fraction of the general result machinery.
-            params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit}
+            params = {"hints": list(hints), "horizon": horizon, "per_hint": per_hint, "limit": limit,
+                      "page_bytes": page_bytes}
             driver = connection.connection.driver_connection
             rows: list[Any] = _rows_of_generic_plan(driver, driver_sql(statement), params)
-        else:  # the same page: whole batches, oldest first, until the limit
-            found = [connection.execute(statement, {"hint": hint, "horizon": horizon, "per_hint": per_hint}).all()
-                     for hint in hints]
-            rows = []
-            for batch in sorted(filter(None, found), key=lambda batch: batch[0][0]):
-                rows += batch[: limit - len(rows)]
-                if len(rows) >= limit:
+            return _fetched(rows, sqlite=sqlite, now=now, page_bytes=page_bytes)
+        # The same page: whole batches, oldest first, until the limit or the bytes. Each hint's batch is read as
+        # its rows are taken: its first row only, to put the batches in order, then no further than the page.
+        cursors = [connection.execute(statement, {"hint": hint, "horizon": horizon, "per_hint": per_hint})
+                   for hint in hints]
+        try:
+            heads = sorted(((row, cursor) for cursor in cursors if (row := cursor.fetchone()) is not None),
+                           key=lambda head: int(head[0][0]))
+            rows, size = [], 0
+            for head, cursor in heads:
+                row = head
+                while row is not None and len(rows) < limit and (not rows or size < page_bytes):
+                    rows.append(row)
+                    size += _text_bytes(row[_PAYLOAD])
+                    row = cursor.fetchone()
+                if len(rows) >= limit or size >= page_bytes:
                     break
-        return _fetched(rows, sqlite=sqlite, now=now)
+        finally:
+            for cursor in cursors:
+                cursor.close()
+        return replace(_fetched(rows, sqlite=sqlite, now=now), bytes_full=size >= page_bytes)
 
     def messages_dead_letter(self, reasons: dict[int, str]) -> int:
         """Make these messages dead with a reason each (rows the worker cannot read or record)."""
@@ -803,7 +862,19 @@ class FetchStatements(StoreBase):
         return self._run(work)
 
 
-def _fetched(rows: Sequence[Any], *, sqlite: bool, now: datetime) -> Fetched:
+def _bytes_bound(page_bytes: int | None) -> int:
+    """The bound of a page's payload bytes as the statements take it (None: no bound)."""
+    return 2**62 if page_bytes is None else max(1, page_bytes)
+
+
+def _text_bytes(text: str | None) -> int:
+    """The UTF-8 length of a payload's text (the length itself for ASCII, which CPython knows without a scan)."""
+    if text is None:
+        return 0
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _fetched(rows: Sequence[Any], *, sqlite: bool, now: datetime, page_bytes: int = 2**62) -> Fetched:
     """The batches' rows as messages (and rows that could not be read), which are in flight, which hints the
     page's limit cut short (PostgreSQL: each row says how long its hint's batch is)."""
     messages: list[Message] = []
@@ -823,10 +894,14 @@ def _fetched(rows: Sequence[Any], *, sqlite: bool, now: datetime) -> Fetched:
         else:
             unreadable.append(decoded)
     cut = None
+    bytes_full = False
     if not sqlite:
         got = Counter(row[_HINT] for row in rows)
         cut = frozenset(hint for hint, batch in batches.items() if got[hint] < batch)
-    return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight), cut)
+        # A row was left out for the bytes only if those taken reach the bound (4 bytes a character at most).
+        characters = sum(len(row[_PAYLOAD] or "") for row in rows)
+        bytes_full = 4 * characters >= page_bytes and sum(_text_bytes(row[_PAYLOAD]) for row in rows) >= page_bytes
+    return Fetched(tuple(messages), tuple(unreadable), now, frozenset(in_flight), cut, bytes_full=bytes_full)
 
 
 def _candidates_of(rows: Sequence[Any]) -> Candidates:

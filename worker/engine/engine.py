@@ -692,6 +692,7 @@ class Engine:
                 state.slot, state.cursor, budget, per_hint=self.per_hint, limit=self.page_size,
                 mode=self.settings.policy.mode, skip=skip,
                 passed_over=[(pin.after, pin.holder) for pin in passed_over], mark=mark, reuse_horizon=reuse,
+                page_bytes=self.settings.poll.page_bytes,
             )
             state.unknown_marks = False
             if reuse is None:
@@ -753,8 +754,8 @@ class Engine:
         if batches.unreadable:
             self._dead_letter(batches.unreadable)
         fetched = len(batches.messages)
-        # Hints the page's limit cut short (not known on SQLite: then any, once the page is full).
-        full = fetched >= self.page_size
+        # Hints the page's limit (of rows or of bytes) cut short (not known on SQLite: then any, once it is full).
+        full = fetched >= self.page_size or batches.bytes_full
         short = batches.cut if batches.cut is not None else None if full else frozenset()
         works = self._works(now, state, batches.messages, batches.in_flight, paused_names, short)
         got = {work.hint for work in works}

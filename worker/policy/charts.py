@@ -38,6 +38,16 @@ class Sample(Protocol):
     def oldest_eligible_seconds(self) -> float | None: ...
 
 
+def shown_span(samples: Sequence[Sample], now: datetime, window: timedelta, sample_interval: timedelta) -> timedelta:
+    """How far back the charts reach: the window asked, or less while the cluster is younger than it (from its
+    first sample, one sample interval before it included), so that four minutes of samples fill the chart rather
+    than its last few points of an hour. Without samples, the window."""
+    if not samples:
+        return window
+    first = min(row.taken_at for row in samples)
+    return min(window, max(now - first, timedelta(0)) + sample_interval)
+
+
 def step_for(window: timedelta, sample_interval: timedelta) -> timedelta:
     """The step of a window's points: the window over :data:`POINTS`, never finer than the samples."""
     seconds = max(window.total_seconds() / POINTS, sample_interval.total_seconds(), 1.0)

@@ -348,14 +348,15 @@ def resolve(
             message.reschedule_count,
             message.last_error,
         )
-    failures = min(message.attempt + 1, COUNTER_MAX)
-    if policy.max_retries is not None and failures >= policy.max_retries:
-        return Disposition(message.id, Kind.DEAD, failures, None, message.reschedule_count, reason)
+    # Why the buffer did not apply stays in last_error on every path from here, the last retry's dead letter too.
     if future and time_to_live is not None:
         reason = storable_text(
             f"not buffered by the time-to-live: created_at {message.created_at.isoformat()} is after the database "
             f"clock {now.isoformat()}; {reason}"
         )
+    failures = min(message.attempt + 1, COUNTER_MAX)
+    if policy.max_retries is not None and failures >= policy.max_retries:
+        return Disposition(message.id, Kind.DEAD, failures, None, message.reschedule_count, reason)
     delay = retry_delay(
         failures,
         unit=policy.backoff_unit,

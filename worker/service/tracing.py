@@ -252,7 +252,7 @@ class Tracing:
         except ImportError:
             logger.warning(
                 "OTEL_TRACES_EXPORTER asks for traces but the otel extra is not installed: "
-                "pip install 'correlation-worker[otel]'; no traces are sent"
+                "pip install '.[otel]' in a clone of correlation-worker; no traces are sent"
             )
             return None
         exporters = {name: exporter for name in wanted if (exporter := _exporter(name)) is not None}

@@ -25,6 +25,21 @@
     });
   }
 
+  // An axis label that always fits its axis: 950, 12.5k, 100k, 1.2M, 3G (never "00,000" cut from 100,000).
+  function compact(value) {
+    if (value === null || value === undefined) { return ""; }
+    var size = Math.abs(value);
+    var units = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+    for (var i = 0; i < units.length; i++) {
+      if (size >= units[i][0]) {
+        var scaled = value / units[i][0];
+        var tenths = Math.abs(scaled) < 100 ? 10 : 1;
+        return String(Math.round(scaled * tenths) / tenths) + units[i][1];
+      }
+    }
+    return String(Math.round(value * 100) / 100);
+  }
+
   function latest(values) {
     for (var i = values.length - 1; i >= 0; i--) { if (values[i] !== null && values[i] !== undefined) { return values[i]; } }
     return null;
@@ -43,7 +58,7 @@
         legend: { show: true },
         cursor: { drag: { x: false, y: false } },
         scales: { x: { time: true } },
-        axes: [{}, { size: 56 }],
+        axes: [{}, { size: 56, values: function (u, splits) { return splits.map(compact); } }],
         series: [{}].concat(lines.map(function (l, index) {
           var color = palette[index % palette.length];
           return { label: l.label, stroke: color, width: 1.5, spanGaps: false, points: { show: true, size: 3, fill: color } };
