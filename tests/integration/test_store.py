@@ -795,12 +795,15 @@ def test_marking_calls_reads_their_rows_by_primary_key_even_when_statistics_saw_
             "SELECT 'slot:' || g, 'r', 1, now() + interval '1 hour', now() FROM generate_series(0, 63) g "
             "ON CONFLICT (name) DO UPDATE SET locked_by = 'r', fence = 1, lock_until = excluded.lock_until"
         ))
-        rows = connection.execute(text("SELECT id, slot FROM correlation_message ORDER BY id LIMIT 200")).all()
+        rows = connection.execute(text(
+            "SELECT id, slot, correlation_hint FROM correlation_message ORDER BY id LIMIT 200"
+        )).all()
     params = {
         "t_names": [f"slot:{n}" for n in range(64)], "t_holders": ["r"] * 64, "t_fences": ["1"] * 64,
         "t_slots": [str(n) for n in range(64)],
         "ids": [str(row.id) for row in rows], "slots": [str(row.slot) for row in rows], "fences": ["1"] * len(rows),
         "holders": ["r"] * len(rows), "heads": [str(rows[0].id)] * len(rows), "states": ["called"] * len(rows),
+        "hints": [row.correlation_hint for row in rows],
     }
     nodes = _explain(store, calls._MARK_PG.text, params, generic)
     touched = [n for n in nodes if n.get("Relation Name") == "correlation_message"]
