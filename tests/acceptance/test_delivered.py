@@ -79,8 +79,9 @@ def test_a_transactional_handler_has_its_effect_exactly_once_through_kills_freez
 def test_a_message_correlated_by_the_process_is_answered_from_its_record_and_its_id_stays_taken(
     any_db: Database, start_worker: StartWorker
 ) -> None:
-    """The README's path on both databases: a transactional handler's answer on the record, `messages show` and
-    `messages list --state delivered` answering from it, and both insert forms refused inside the window."""
+    """The path "The lifecycle of a call" describes, on both databases: a transactional handler's answer on the
+    record, `messages show` and `messages list --state delivered` answering from it, and both insert forms refused
+    inside the window."""
     any_db.execute(EFFECT_TABLE_DDL)
     worker = start_worker(any_db, correlators=ROUTE, replica__name="shop-1")
     mark = "%s" if isinstance(any_db, PostgresDatabase) else "?"

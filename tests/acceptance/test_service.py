@@ -363,9 +363,9 @@ def test_readiness_follows_the_database_while_liveness_stays_green(
 
 
 def readme_grants() -> list[str]:
-    """The GRANT statements of the README's "Database user" section."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme.split("### Database user", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
+    """The GRANT statements of the "Database user" section of docs/deployment.md."""
+    page = (Path(__file__).parents[2] / "docs" / "deployment.md").read_text()
+    section = page.split("## Database user", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
     statements = [line.split("--")[0].strip().rstrip(";") for line in section.splitlines()]
     return [statement for statement in statements if statement.startswith("GRANT")]
 
@@ -395,7 +395,7 @@ def test_a_user_allowed_only_to_read_is_not_ready_says_which_privileges_it_lacks
         assert pg_db.message(waiting) is not None and pg_db.calls() == []
         assert "Traceback" not in process.log(), "each refusal is one line"
 
-        for grant in readme_grants():  # what the README says a replica's user needs is enough
+        for grant in readme_grants():  # what the deployment guide says a replica's user needs is enough
             pg_db.execute(grant.replace(" TO worker", f" TO {role}"))
         wait_until(lambda: http_get(base + "/readyz") == (200, "ready\n"), what="ready once granted",
                    workers=[process])
