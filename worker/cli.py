@@ -662,7 +662,7 @@ def pauses_list(output: str | None) -> None:
 
 @main.group()
 def schedules() -> None:
-    """Schedules: Quartz cron expressions that publish messages (see the README's "Schedules")."""
+    """Schedules: Quartz cron expressions that publish messages (see docs/guides/schedules.md)."""
 
 
 @schedules.command("list")

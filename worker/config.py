@@ -506,7 +506,7 @@ class OrderSettings(_Section):
     _bounds: ClassVar[Bounds] = _bounds_of("order")
 
     # A message is never correlated while an earlier id of its hint may still commit; a producer transaction
-    # open longer than this stops holding the others back (DESIGN.md §3, README "Order").
+    # open longer than this stops holding the others back (DESIGN.md §3, docs/explanations/processing.md "Order").
     max_wait: Duration = timedelta(seconds=5)
 
 

@@ -336,7 +336,7 @@ class Worker:
         if missing:
             return (
                 f"the database user lacks privileges the worker needs: {', '.join(missing)}; grant them "
-                "(see the README's \"Database user\")"
+                "(see \"Database user\" in docs/deployment.md)"
             )
         return self.leaser.trouble() or self.loops_trouble()
 

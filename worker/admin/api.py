@@ -1,4 +1,4 @@
-"""The console's JSON API under ``/api/v1`` (README "Console" lists every route with a curl example).
+"""The console's JSON API under ``/api/v1`` (docs/guides/console.md lists every route with a curl example).
 
 Every route needs ``Authorization: Bearer <token>``: a missing or wrong token is 401, the read-only token on
 a route that changes something is 403. Errors are ``{"error": "one sentence"}`` with 400 (a bad filter or
@@ -229,7 +229,7 @@ def api_application(console: Console) -> Starlette:
         """The router's own errors (no such route, wrong method) as JSON."""
         if isinstance(error, HTTPException):
             if error.status_code == 404:
-                return error_response(404, "no such route; see the README's Console section for the routes")
+                return error_response(404, "no such route; see docs/guides/console.md for the routes")
             return error_response(error.status_code, str(error.detail))
         return error_response(500, "internal error")
 

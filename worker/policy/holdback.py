@@ -1,6 +1,6 @@
 """Why a hint is held back: which of its messages stops it, and the reason in an operator's words.
 
-The engine's rule (DESIGN.md §3, README "How messages are processed"): a hint's batch ends at its first
+The engine's rule (DESIGN.md §3, docs/explanations/processing.md): a hint's batch ends at its first
 unexpired message that is paused, waiting for a retry not yet due, or (in ``fail_first`` mode) dead; a message
 whose name has a durable pause is paused when the engine meets it, so it stops the batch too. A durable pause
 of the hint, or of everything, holds the whole hint. Expired messages never hold anything back: they are never
