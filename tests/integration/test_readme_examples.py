@@ -180,3 +180,30 @@ def test_the_getting_started_page_shows_the_blocks_the_readme_walkthrough_runs()
         page_blocks = shell_blocks(section(GETTING_STARTED, title))
         assert readme_blocks == page_blocks, f"the {title!r} blocks differ between README.md and {GETTING_STARTED.name}"
     assert "Ctrl-C" in page
+
+
+def sql_blocks(path: Path) -> list[str]:
+    """The ```sql blocks of a Markdown page, in order."""
+    return re.findall(r"```sql\n(.*?)```", path.read_text(encoding="utf-8"), re.DOTALL)
+
+
+PRODUCING = README.parent / "docs" / "guides" / "producing.md"
+
+
+@pytest.mark.parametrize("path", [README, PRODUCING], ids=["README", "producing"])
+def test_every_sql_block_a_producer_is_shown_runs_on_postgresql_and_produces_its_message(
+    path: Path, store: Store
+) -> None:
+    """A producer's statements as shown: each block runs as one transaction on a migrated database and inserts
+    the message it names (run twice: ``ON CONFLICT`` makes the second a no-op)."""
+    blocks = sql_blocks(path)
+    assert blocks, f"{path.name} shows how to produce a message with SQL"
+    for block in blocks:
+        for _ in range(2):
+            with store.engine.begin() as connection:
+                connection.exec_driver_sql(block.replace("%", "%%"))
+    with store.engine.connect() as connection:
+        rows = connection.execute(text("SELECT message_id, message_name, correlation_hint FROM correlation_message"))
+        inserted = sorted(tuple(row) for row in rows)
+    shown = sorted(set(re.findall(r"VALUES \('([^']*)', '([^']+)', '([^']+)'", "".join(blocks))))
+    assert inserted == shown
