@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry
 
 __all__ = ["AuthProblem", "Message", "MessageState", "PermanentError", "Reschedule", "Result", "Retry"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _HOMES = {
     "Message": "worker.message",
