@@ -223,10 +223,15 @@ class DatabaseSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("database")
 
+    # postgresql://user:pass@host:5432/db (or postgres://) for production and clusters; a SQLite file for one
+    # replica (only migrate and run create a missing file).
     url: str = "sqlite:///correlation.db"
     # `run` brings the schema up to date itself; with False it refuses to start on an old schema.
     auto_migrate: bool = True
+    # Connections kept per replica (as many again may be opened under load; a transactional route gets one per
+    # lane).
     pool_size: int = Field(default=5, ge=1)
+    # How long one connection attempt may take (whole seconds).
     connect_timeout: Duration = timedelta(seconds=5)
     # Every worker statement waits at most this long for a row or table lock held by another session.
     lock_timeout: Duration = timedelta(seconds=2)
@@ -294,8 +299,12 @@ class PollSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("poll")
 
+    # The engine starts fetching this long after the replica starts.
     initial_delay: Duration = timedelta(seconds=10)
+    # Every slot is fetched, or looked at when its last fetch found it empty, at least once per interval: the
+    # backstop of wake-ups and the pace of buffered retries.
     interval: Duration = timedelta(seconds=6)
+    # Messages one fetch of a slot reads at most.
     page_size: int = Field(default=100, ge=1, le=10_000)
     # A fetch takes no further message once its payloads reach this many bytes (its first message always). The
     # default is what a page of the default page_size can hold at most (1 MiB a payload): its fetch is unbounded.
@@ -311,8 +320,12 @@ class CleanupSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("cleanup")
 
+    # The first cleanup runs this long after the replica starts.
     initial_delay: Duration = timedelta(minutes=1)
+    # How often one replica (the holder of the cleanup lock) removes expired messages and delivery records past
+    # their retention.
     interval: Duration = timedelta(minutes=1)
+    # Expired rows (and delivery records) removed per statement.
     chunk_size: int = Field(default=1000, ge=1, le=100_000)
 
 
@@ -322,6 +335,8 @@ class DeliverySettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("delivery")
 
+    # How long a message that left the table stays as its delivery record, its message_id refused meanwhile; PT0S:
+    # no record, no deduplication window.
     retention: Duration = timedelta(days=7)
 
 
@@ -368,14 +383,24 @@ class Policy(_Section):
     mode: Mode = Mode.FAIL_FIRST
     # -1: every eligible message of a hint per poll; 1: only the head; N: up to N.
     batch_size: int = -1
+    # A message older than this is not called any more (expired); failures inside it are not recorded. None: no time
+    # to live.
     time_to_live: Duration | None = None
+    # The first retry's delay; each later one is backoff_base times longer, up to backoff_cap. PT0S retries at every
+    # poll.
     backoff_unit: Duration = timedelta(minutes=1)
+    # The factor between two retries' delays.
     backoff_base: float = Field(default=2.0, ge=1.0, le=BACKOFF_BASE_MAX, allow_inf_nan=False)
+    # The longest delay between two retries.
     backoff_cap: Duration = timedelta(minutes=180)
     jitter: Jitter = Jitter.NONE
+    # The recorded failure at which a message is dead (1: no retry), or unlimited.
     max_retries: MaxRetries = 100
+    # How long a correlator call may take; past it the call is given up on and charged as timeout_outcome says. Must
+    # fit in the lease: duration - renew interval - safety margin.
     handler_timeout: Duration = timedelta(seconds=30)
     timeout_outcome: TimeoutOutcome = TimeoutOutcome.RETRY
+    # The delay of a Reschedule raised without one of its own.
     reschedule_delay: Duration = timedelta(minutes=1)
     # A message during whose calls its replica died this many times is dead (0: never).
     poison_after: int = Field(default=3, ge=0, le=1000)
@@ -428,8 +453,11 @@ class MetricsSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("metrics")
 
+    # The address the /metrics, /healthz, /readyz and console endpoint listens on.
     host: str = "0.0.0.0"
+    # Its port (0: any free port, logged at startup).
     port: int = Field(default=9464, ge=0, le=65535)
+    # False: no endpoint at all (no probes, no metrics, no console).
     enabled: bool = True
     # How often one replica counts the table for the state gauges.
     gauges_interval: Duration = timedelta(seconds=15)
@@ -439,7 +467,9 @@ class MetricsSettings(_Section):
 class LogSettings(_Section):
     """One event per line, as text or JSON."""
 
+    # text, or json for one JSON object per line.
     format: Literal["text", "json"] = "text"
+    # The least severe level logged.
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("level", mode="before")
@@ -451,6 +481,7 @@ class LogSettings(_Section):
 class ReplicaSettings(_Section):
     """Who this process is: a pod name (a per-boot random suffix is added to make ``locked_by`` unique)."""
 
+    # The replica's name (the pod name by default: the host name); a per-boot random id is added.
     name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
 
 
@@ -464,6 +495,7 @@ class LeaseSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("lease")
 
+    # A slot lease's term: a dead replica's slots wait this long (plus a renewal) for a new holder.
     duration: Duration = timedelta(seconds=40)
     # At most a third of the duration, so that two renewals can fail before a term ends.
     renew_interval: Duration = timedelta(seconds=5)
@@ -515,6 +547,8 @@ class NotifySettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("notify")
 
+    # PostgreSQL: LISTEN for the producers' NOTIFY and fetch the slots it names at once; SQLite: watch the file for
+    # other processes' commits.
     enabled: bool = True
     # SQLite: how often the file is checked for commits by other processes.
     sqlite_check_interval: Duration = timedelta(milliseconds=100)
@@ -532,9 +566,13 @@ class AdminSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("admin")
 
+    # The console's read-and-act token (at least 16 characters); without a token /api and /ui answer 404.
     token: SecretStr | None = None
+    # The console's read-only token (at least 16 characters).
     read_token: SecretStr | None = None
+    # The name the audit records for the read-and-act token (never the token).
     token_name: str = Field(default="admin", min_length=1, max_length=100)
+    # The name the audit records for the read-only token.
     read_token_name: str = Field(default="read-only", min_length=1, max_length=100)
     # How long a login to the pages lasts.
     session_lifetime: Duration = timedelta(hours=8)
@@ -595,6 +633,8 @@ class ShutdownSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("shutdown")
 
+    # How long SIGTERM waits for the calls under way before giving them up (delivered again by the slot's next
+    # holder).
     grace: Duration = timedelta(seconds=30)
 
 
@@ -602,6 +642,8 @@ class TracingSettings(_Section):
     """OpenTelemetry traces (the ``otel`` extra), configured by the SDK's ``OTEL_*`` variables; this only says how
     a message's producer context (its ``traceparent`` header) relates to the call span."""
 
+    # How a message's traceparent relates to its call span: link (the messaging conventions' way) or parent (the
+    # call joins the producer's trace).
     producer_context: Literal["link", "parent"] = "link"
 
 
@@ -614,6 +656,7 @@ class SchedulerSettings(_Section):
 
     _bounds: ClassVar[Bounds] = _bounds_of("scheduler")
 
+    # Whether this replica runs the scheduler (the cluster-wide switch is the correlation_scheduler row).
     enabled: bool = True
     # Schedules added, changed or deleted with SQL take effect within this interval.
     reload_interval: Duration = timedelta(seconds=10)
