@@ -9,11 +9,12 @@ For each client count N (default 10, 50, 100), in a fresh database each time::
     3. settling: time from the start until the 64 slots are all held and spread into fair shares (every
        client holds floor(64/N) or one more), unchanged for two renew intervals
     4. the window (--seconds): every round's duration, the server's CPU (utime + stime from /proc/<pid>/stat
-       of this database's backends; pg_stat_statements needs the server to preload it, /proc does not), and
-       the lock table: its rows, dead tuples (pg_stat_user_tables.n_dead_tup) and size at the end
-    5. print one line per N: rounds per second served, round latency p50 / p99, server CPU per round,
-       lock rows, dead tuples, settle time, leases lost (terms found expired or taken over at a renewal, or
-       rounds that failed); with --json, one JSON object as well
+       of this database's backends; pg_stat_statements needs the server to preload it, /proc does not), the
+       database's transactions (pg_stat_database: commits and rollbacks), and the lock table: its rows, dead
+       tuples (pg_stat_user_tables.n_dead_tup) and size at the end
+    5. print one line per N: rounds per second served, round latency p50 / p99, server CPU and transactions
+       per round, lock rows, dead tuples, settle time, leases lost (terms found expired or taken over at a
+       renewal) and rounds that failed; with --json, one JSON object as well
 
 Usage::
 
@@ -94,6 +95,7 @@ class Figures:
     p50_ms: float
     p99_ms: float
     server_cpu_us_per_round: float | None
+    transactions_per_round: float  # commits and rollbacks in this database (pg_stat_database), per round
     client_cpu_share: float  # this process's CPU over the window, as a share of one core
     lock_rows: int
     dead_tuples: int
@@ -180,6 +182,15 @@ def backend_cpu(monitor: psycopg.Connection) -> dict[int, float]:
     return {pid: cpu for pid, cpu in seconds.items() if cpu is not None}
 
 
+def transactions(monitor: psycopg.Connection) -> int:
+    """Transactions committed or rolled back in this database so far (the statistics lag a second at most)."""
+    row = monitor.execute(
+        OWN + "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def table_state(monitor: psycopg.Connection) -> tuple[int, int, int, int]:
     """The lock table's rows, dead tuples, size in kB and autovacuum count."""
     rows = monitor.execute(OWN + "SELECT count(*) FROM correlation_lock").fetchone()
@@ -217,10 +228,15 @@ def run(url: str, clients: int, seconds: float, renew: float, connections: int) 
         lost_before = sum(c.lost for c in team)
         failed_before = sum(c.failed for c in team)
         cpu_before, client_before = backend_cpu(monitor), time.process_time()
+        monitor.execute(OWN + "SELECT pg_stat_clear_snapshot()")
+        xacts_before = transactions(monitor)
         window_start = time.perf_counter()
         time.sleep(seconds)
         window_end = time.perf_counter()
         cpu_after, client_after = backend_cpu(monitor), time.process_time()
+        time.sleep(1.0)  # the backends report their counts at most a second late
+        monitor.execute(OWN + "SELECT pg_stat_clear_snapshot()")
+        xacts = transactions(monitor) - xacts_before
         rows, dead, size_kb, autovacuums = table_state(monitor)
         counts = slot_counts(monitor)
     finally:
@@ -246,6 +262,7 @@ def run(url: str, clients: int, seconds: float, renew: float, connections: int) 
         p50_ms=round(statistics.median(durations) * 1000, 2),
         p99_ms=round(percentile(durations, 0.99) * 1000, 2),
         server_cpu_us_per_round=None if server is None or not durations else round(server / len(durations) * 1e6),
+        transactions_per_round=round(xacts / len(durations), 2) if durations else 0.0,
         client_cpu_share=round((client_after - client_before) / window, 3),
         lock_rows=rows,
         dead_tuples=dead,
@@ -258,15 +275,16 @@ def run(url: str, clients: int, seconds: float, renew: float, connections: int) 
 
 
 HEADER = (f"{'clients':>7} {'stores':>6} {'settle s':>8} {'rounds/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'srv us/rnd':>10} {'client cpu':>10} {'lock rows':>9} {'dead tup':>8} {'kB':>5} {'holders':>7} "
-          f"{'lost':>4} {'failed':>6}")
+          f"{'srv us/rnd':>10} {'tx/rnd':>6} {'client cpu':>10} {'lock rows':>9} {'dead tup':>8} {'kB':>5} "
+          f"{'holders':>7} {'lost':>4} {'failed':>6}")
 
 
 def line(f: Figures) -> str:
     settle = "-" if f.settle_seconds is None else f"{f.settle_seconds:.1f}"
     cpu = "-" if f.server_cpu_us_per_round is None else f"{f.server_cpu_us_per_round:.0f}"
     return (f"{f.clients:>7} {f.stores:>6} {settle:>8} {f.rounds_per_second:>8.2f} {f.p50_ms:>7.2f} "
-            f"{f.p99_ms:>7.2f} {cpu:>10} {f.client_cpu_share:>10.1%} {f.lock_rows:>9} {f.dead_tuples:>8} "
+            f"{f.p99_ms:>7.2f} {cpu:>10} {f.transactions_per_round:>6.1f} {f.client_cpu_share:>10.1%} "
+            f"{f.lock_rows:>9} {f.dead_tuples:>8} "
             f"{f.lock_table_kb:>5} {f.holders_with_slots:>7} {f.lost:>4} {f.failed:>6}")
 
 
