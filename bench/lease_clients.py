@@ -8,8 +8,9 @@ For each client count N (default 10, 50, 100), in a fresh database each time::
        renew interval, or less when another holder's term may lapse sooner (``next_round_in``)
     3. settling: time from the start until the 64 slots are all held and spread into fair shares (every
        client holds floor(64/N) or one more), unchanged for two renew intervals
-    4. the window (--seconds): every round's duration, the server's CPU (utime + stime from /proc/<pid>/stat
-       of this database's backends; pg_stat_statements needs the server to preload it, /proc does not), the
+    4. the window (--seconds): every round's duration, the server's CPU (the scheduler's CPU time of this
+       database's backends from /proc/<pid>/schedstat, else utime + stime from /proc/<pid>/stat, in ticks of
+       10 ms; pg_stat_statements needs the server to preload it, /proc does not), the
        database's transactions (pg_stat_database: commits and rollbacks), and the lock table: its rows, dead
        tuples (pg_stat_user_tables.n_dead_tup) and size at the end
     5. print one line per N: rounds per second served, round latency p50 / p99, server CPU and transactions
@@ -173,12 +174,23 @@ def wait_settled(monitor: psycopg.Connection, holders: list[str], slot_count: in
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU so far of a local server process: the scheduler's nanoseconds (/proc/<pid>/schedstat) where the kernel
+    keeps them, else utime + stime (/proc/<pid>/stat, in clock ticks of 10 ms: too coarse for a few rounds)."""
+    if process_cpu_seconds(pid, "postgres") is None:  # gone, not a server process, or no /proc
+        return None
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return process_cpu_seconds(pid, "postgres")
+
+
 def backend_cpu(monitor: psycopg.Connection) -> dict[int, float]:
     """CPU so far of this database's server processes, the benchmark's own connection left out."""
     rows = monitor.execute(
         OWN + "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     ).fetchall()
-    seconds = {int(pid): process_cpu_seconds(int(pid), "postgres") for (pid,) in rows}
+    seconds = {int(pid): cpu_seconds(int(pid)) for (pid,) in rows}
     return {pid: cpu for pid, cpu in seconds.items() if cpu is not None}
 
 
