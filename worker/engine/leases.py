@@ -24,11 +24,10 @@ the same replica. Renewal and release happen only ``WHERE locked_by = me AND fen
 **Why a commit is fenced.** A replica can stop between reading a page and writing its results (a long
 garbage collection, a frozen VM, a lost network). Meanwhile its lease expires, another replica takes the
 slot with fence n + 1 and correlates the same messages. When the first one wakes up it must not write its
-stale results over the new owner's. So :meth:`worker.db.store.Store.messages_record_results` first locks the
-slot's row (``SELECT … FOR UPDATE``) and checks, in the same transaction as the writes, that holder and
-fence are unchanged and the term still runs; otherwise it writes nothing and raises
-:class:`~worker.db.store.LeaseLost`. Holding the row lock until commit means nobody can take the slot over in
-between.
+stale results over the new owner's. So a call is marked in flight (``correlation_call``) only while its term
+still runs, and its outcome is written only while that mark is still there under that term
+(:mod:`worker.db.calls`): the new holder adopts the marks of ended terms as it takes the slot, and a late
+outcome then finds no mark of its term and writes nothing.
 
 **Stop acting before lock_until.** Fencing protects the table, not the correlation target: a call already
 made cannot be taken back. So a replica stops *starting* work on a slot a safety margin before its term can
