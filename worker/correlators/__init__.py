@@ -18,10 +18,10 @@ from worker.correlators.log import LogCorrelator
 from worker.correlators.network import TARGET_KEYS
 from worker.correlators.python import TransactionalCorrelator, load_callable
 from worker.message import Message
+from worker.policy.routing import FALLBACK
 from worker.redact import redact_route
 
 Correlator = Callable[[Message], object]
-FALLBACK = "*"
 
 
 class Router:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from worker.config import Settings, format_duration
+from worker.config import Settings
 from worker.db.replicas import ReplicaRow
 from worker.db.store import Store
 from worker.policy.routing import Routing, settings_differing
@@ -43,28 +43,15 @@ def setting_name(path: str) -> str:
 
 
 def cluster_settings(settings: Settings) -> dict[str, str]:
-    """The cluster-wide settings this replica runs with, each as text (durations in ISO 8601)."""
+    """The cluster-wide settings this replica runs with, each as text (durations in ISO 8601, objects as JSON)."""
+    dumped = settings.model_dump(mode="json", exclude_none=True)
     found = {}
     for path in CLUSTER_SETTINGS:
-        value: Any = settings
+        value: Any = dumped
         for part in path.split("."):
-            value = getattr(value, part)
-        found[path] = _text(value)
+            value = value[part]
+        found[path] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return found
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, timedelta):
-        return format_duration(value)
-    if hasattr(value, "model_dump"):
-        return json.dumps(value.model_dump(mode="json", exclude_none=True), sort_keys=True)
-    if isinstance(value, dict):
-        return json.dumps({key: _dump(item) for key, item in value.items()}, sort_keys=True)
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _dump(value: Any) -> Any:
-    return value.model_dump(mode="json", exclude_none=True) if hasattr(value, "model_dump") else value
 
 
 @dataclass(frozen=True, slots=True)
