@@ -1029,7 +1029,6 @@ def test_a_replica_stopping_while_a_lane_waits_for_held_up_marks_does_not_wait_f
     entered = threading.Event()
     held_up = _markers_held_up(store, entered)
     withdrawn = _withdrawals(engine, monkeypatch)
-    monkeypatch.setattr(engine.committer, "mark_now", engine.committer.mark_ahead)  # every mark by the marker
     engine.start()
     message = send(store, "order-1")
     engine.wake()

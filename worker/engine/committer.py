@@ -5,8 +5,7 @@ lease's term (:mod:`worker.db.calls`), so that whoever takes the slot over after
 calls were under way (DESIGN.md §3 "Poison messages", §4 invariant 2). Calls wait for their marks (a lane may ask
 for its next run's marks ahead, while it still calls: :meth:`Committer.mark_ahead`); the *markers* write the
 marks of many lanes in one statement committed without waiting for the disk, on threads and connections of their
-own, so that no lane waits behind a durable flush of outcomes; a lane about to call writes its run's marks
-itself when no marker is writing (:meth:`Committer.mark_now`). A mark is written only while its term runs, and
+own, so that no lane waits behind a durable flush of outcomes. A mark is written only while its term runs, and
 only for a message still ready and not in flight elsewhere: a lane calls the messages marked, in order, and no
 other.
 
@@ -205,14 +204,6 @@ class Committer:
 
     # -- what lanes call -----------------------------------------------------------------------------------
 
-    def mark_now(
-        self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False, hint: str | None = None
-    ) -> MarkTicket:
-        """Mark the calls of a run about to start: written by the calling thread when no marker is writing and
-        none is asked for (two thread hand-offs fewer before the call), else by a marker with the others."""
-        ticket = MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic(), hint=hint)
-        return self._ask(ticket, inline=True)
-
     def mark_ahead(
         self, slot: int, fence: Fence | None, ids: Sequence[int], alone: bool = False, hint: str | None = None
     ) -> MarkTicket:
@@ -223,10 +214,9 @@ class Committer:
         ``alone``: no other call runs in this replica while they do (a crash meanwhile is theirs). ``hint``: the
         hint they were fetched under (a message whose hint changed since is not marked).
         """
-        ticket = MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic(), hint=hint)
-        return self._ask(ticket, inline=False)
+        return self._ask(MarkTicket(self, slot, fence, tuple(ids), alone, self._monotonic(), hint=hint))
 
-    def _ask(self, ticket: MarkTicket, *, inline: bool) -> MarkTicket:
+    def _ask(self, ticket: MarkTicket) -> MarkTicket:
         if ticket.fence is None:  # no lease, nothing to tell a successor: the calls may start at once
             ticket.answer(float("inf"), frozenset(ticket.calls), ticket.asked)
             return ticket
@@ -234,12 +224,8 @@ class Committer:
             if self._stopping:
                 ticket.answer(None, frozenset(), ticket.asked)
                 return ticket
-            if not inline or self._requests or self._marking:
-                self._requests.append(ticket)
-                self._marks_wanted.notify()
-                return ticket
-            self._taken_for_marking([ticket])
-        self._write_marks([ticket])
+            self._requests.append(ticket)
+            self._marks_wanted.notify()
         return ticket
 
     def marked_by_fetch(
