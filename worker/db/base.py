@@ -132,9 +132,8 @@ class UnreadableJson(str):
 
 
 # Integers of 19 digits or more: orjson reads those past 64 bits as floats (losing digits), Python as integers.
-# Looked for in C: each byte made a 9 (an ASCII digit, the only digits JSON writes numbers with) or a space, then a
-# run of nineteen 9s searched. A regular expression scanning for the run took three times as long as orjson's whole
-# decoding of a kilobyte's payload, on every message fetched.
+# Looked for on every message fetched, so in C (a regular expression costs more than orjson's whole decoding): each
+# byte made a 9 (an ASCII digit, the only digits JSON writes numbers with) or a space, then nineteen 9s searched.
 _DIGITS = bytes(0x39 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
 _LONG_DIGITS = b"9" * 19
 
@@ -360,11 +359,10 @@ def driver_sql(statement: TextClause) -> str:
 
 
 # The worker's own statements, run by the driver (the marks, the flushes, the fetches), are prepared at their first
-# run on a connection, not at psycopg's fifth (its default threshold): planning each until then took 5-15 % of the
-# server's statement time in a drain (pg_stat_statements with track_planning), most with several replicas, whose
-# connections each run a statement fewer times. Only fixed statements: a text made from values would fill the
-# connection's cache of prepared statements (psycopg keeps its 100 latest), and DDL of several statements in one
-# text cannot be prepared at all.
+# run on a connection, not at psycopg's fifth (its default threshold): every run before that is planned again, a
+# large share of the server's statement time, more so with several replicas (each connection runs a statement fewer
+# times). Only fixed statements: a text made from values would fill the connection's cache of prepared statements
+# (psycopg keeps its 100 latest), and DDL of several statements in one text cannot be prepared at all.
 PREPARED = True
 
 
@@ -377,7 +375,7 @@ def driver_rows(driver: Any, statement: TextClause, params: Mapping[str, Any]) -
 
 def int_array(values: Iterable[int]) -> str:
     """An integer array as PostgreSQL's text literal (``{1,2,3}``), cast by the statement: joined in C, where
-    psycopg would dump a list element by element in Python (a tenth of a replica's CPU at full drain)."""
+    psycopg would dump a list element by element in Python (marks and flushes pass one element per call)."""
     return "{" + ",".join(map(str, values)) + "}"
 
 
@@ -462,7 +460,7 @@ class StoreBase:
     def _driver_statements(self, work: Callable[[Any], T]) -> T:
         """Run ``work`` on a pooled psycopg connection itself, each statement its own transaction (PostgreSQL):
         for the engine's statements of every call, where checking a connection out through SQLAlchemy, with
-        its isolation level set and reset, cost more than the statement."""
+        its isolation level set and reset, costs more than the statement."""
         idle = psycopg.pq.TransactionStatus.IDLE
         try:
             pooled = self.engine.raw_connection()

@@ -76,17 +76,15 @@ ADOPT_RETRY = 0.25  # seconds before a slot with lost calls left unadopted (rows
 ADOPT_SWEEP = 5.0
 PAUSES_REUSE = 1.0  # seconds the list of durable pauses is reused
 # Seconds a horizon reading with no producer transaction registered is reused by the replica's other fetches (one
-# that a wake-up of its slot came after excepted): reading it reads every lock of the server, 5-10 % of a drain.
+# that a wake-up of its slot came after excepted): reading it reads every lock of the server, too much per fetch.
 HORIZON_REUSE = 0.02
 STALL_AFTER = 60.0  # seconds without progress after which a held slot counts as stalled (at least 3 polls)
 ERROR_FIRST, ERROR_MAX = 0.5, 10.0  # backoff of a slot whose fetch failed
 # The cyclic collector's thresholds while an engine runs. Each message makes a few dozen short-lived objects
-# (its row, its frozen payload, its disposition), none of them in a cycle; at Python's default (700 new objects)
-# the collector ran every few messages and scanned the young generation for nothing, a sixth of the engine's
-# CPU in bench/drain.py. The first threshold counts objects made and not yet freed: at 10 000 the pages of
-# messages waiting for lanes crossed it every few thousand messages, and each collection scanned (and promoted)
-# them all, 8-10 % of a replica's CPU in a no-op drain; at 100 000 a collection comes once the live objects grew
-# that much. Cycles are still collected, later (a few MB of them at most).
+# (its row, its frozen payload, its disposition), none of them in a cycle. The first threshold counts objects made
+# and not yet freed: at Python's default (700) a collection comes every few messages and finds nothing; below what
+# the pages of messages waiting for lanes hold, each collection scans (and promotes) them all. At 100 000 one comes
+# once the live objects grew that much; cycles are still collected, later (a few MB of them at most).
 GC_THRESHOLDS = (100_000, 20, 20)
 
 
@@ -247,8 +245,8 @@ class Engine:
         per_hint = settings.policy.batch_size
         self.page_size = settings.poll.page_size
         self.per_hint = self.page_size if per_hint == -1 else min(per_hint, self.page_size)
-        # Hints waiting for a lane: fetched up to the high water mark, once fewer than the low one wait. A fetch
-        # each time a lane took a hint (of a budget of one) cost the replica most of its CPU with slow targets.
+        # Hints waiting for a lane: fetched up to the high water mark, once fewer than the low one wait, so that a
+        # fetch brings several (a fetch per hint a lane takes is most of a replica's CPU with slow targets).
         self.high_water = max(4, 2 * settings.poll.concurrency)
         self.low_water = self.high_water // 2
         self.interval = settings.poll.interval.total_seconds()
@@ -482,8 +480,8 @@ class Engine:
 
     def _looked_quiet(self, first: _Slot) -> bool:
         """A quiet slot's poll (PostgreSQL): it is looked at in one statement together with the
-        other quiet slots whose poll comes within half an interval, rather than each fetched on its own (an
-        idle replica holding 64 slots made some 50 statements a second). A slot found with work (or with a
+        other quiet slots whose poll comes within half an interval, rather than each fetched on its own (else an
+        idle replica holding 64 slots makes dozens of statements a second). A slot found with work (or with a
         call of another term to adopt) is fetched at once; the others are done until their next poll or due
         time. True when ``first`` needs no fetch now."""
         if self.store.dialect != "postgresql":
