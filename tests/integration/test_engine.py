@@ -931,6 +931,40 @@ def test_an_exception_whose_str_raises_is_logged_in_one_line_and_the_rest_of_its
     assert row.attempt == 1 and "Unprintable" in (row.last_error or "")
 
 
+def test_a_failure_of_the_lanes_own_during_a_call_records_that_call_alone_and_leaves_no_call_marked(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the lanes while a run is under way: the run's one exit records the call under way as a failed
+    attempt with the reason, takes back the marks of the run's calls not made (they wait, ready, behind it), and
+    the lane goes on with the other hints; nothing stays marked in flight."""
+    import worker.engine.lanes as lanes_module
+
+    real = lanes_module.succeeded
+    bad = send(store, "h", bad=True)
+    after = [send(store, "h") for _ in range(3)]
+    others = [send(store, f"o{n}") for n in range(4)]
+
+    def failing(message_id: int, attempt: int, result: str | None) -> Any:
+        if message_id == bad:
+            raise KeyError("a bug of the lanes")
+        return real(message_id, attempt, result)
+
+    monkeypatch.setattr(lanes_module, "succeeded", failing)
+    calls = Calls()
+    run = engine(store, calls, settings(poll={"concurrency": 1}))
+    run.lanes._observe("order.paid", [0.00001])  # fast calls: a hint's messages go in runs of several
+    run.run_once()
+    left = rows(store)
+    assert calls.of("h") == [bad], "the run's later calls were not made"
+    assert not set(others) & set(left), "the other hints were called and recorded"
+    message = left[bad]
+    assert message.attempt == 1 and message.state is MessageState.READY
+    assert "the worker failed during the call: KeyError" in (message.last_error or "")
+    assert all(left[n].attempt == 0 and left[n].state is MessageState.READY for n in after)
+    assert sql(store, "SELECT count(*) FROM correlation_call")[0][0] == 0, "no call left marked"
+    assert run.health() is None
+
+
 def test_what_a_replica_keeps_per_message_name_is_bounded(store: Store) -> None:
     """Names come and go (one per tenant, per customer): the call times that size runs are kept for the most
     recently called names only, and a fetch is sent those whose runs are longer than one call."""

@@ -588,7 +588,7 @@ def test_a_run_that_starts_while_every_lane_calls_has_the_next_two_runs_marked_a
     # ...and has both hints left marked ahead (one per lane), for the lanes to come
     assert wait_until(lambda: in_flight(store).keys() == {busy[1], *later})
     with lanes._cond:
-        assert [ahead.run[0].id for ahead in lanes._ahead] == later[1:]
+        assert [ahead.calls[0].id for ahead in lanes._ahead] == later[1:]
     for done in returns.values():
         done.set()
     assert wait_until(lambda: sorted(calls) == sorted([*busy, *later]) and in_flight(store) == {})

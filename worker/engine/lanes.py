@@ -202,35 +202,54 @@ class HintWork:
 
 
 @dataclass(eq=False)
-class _Lane:
-    number: int
-    task: asyncio.Task[None] | None = None
-    work: HintWork | None = None
-    current: Message | None = None
-    deadline: float = float("inf")
-    run: list[Message] = field(default_factory=list)  # the run being made
-    index: int = 0  # the position in the run of the call being made
-    done: list[tuple[Message, Disposition]] = field(default_factory=list)  # outcomes of the run so far
-    unmark: list[Message] = field(default_factory=list)  # marked calls of the run that will not be made
-    abandon: list[Message] = field(default_factory=list)  # calls given up on at shutdown
-    handed: Outcomes | None = None  # the last outcomes handed over (a lone run waits until they are handled)
-    abandoned: bool = False  # given up on (timeout or shutdown): it ends when the call returns
-    timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
-    session: CallSession | None = None  # the database session of a transactional call in progress (PostgreSQL)
-    admitted: bool = False  # past the gate: its run may be marked and called
+class _Run:
+    """A hint's next calls under one mark, from the moment they are taken off the hint to the run's one exit
+    (:meth:`Lanes._close`).
 
-    def unstarted(self) -> list[Message]:
-        """The marked calls of the run after the current one."""
-        return self.run[self.index + 1 :]
+    Once its marks are or may be written (``marked``), each of its calls ends in exactly one of: an outcome handed
+    to the committer (or written by the call's own transaction), its mark taken back (never made), or its mark left
+    abandoned (given up on at a stop: delivered again, not blamed). ``calls[:decided]`` have theirs; the exit
+    decides the rest: a call under way when the run failed is recorded as a failure with the reason, the calls
+    after it have their marks taken back.
+    """
+
+    work: HintWork
+    calls: list[Message]
+    ticket: MarkTicket | None = None  # its marks, once asked for (by its lane, ahead by another, or by the fetch)
+    marked: bool = False
+    room: _Room | None = None  # its call slot at its network target (None: a Python correlator's run)
+    lone: bool = False  # its call is of a message lost once: it waits at the gate to be called alone
+    alone: bool = False  # marked as the only run of the replica (no call given up on still running either)
+    index: int = 0  # the position of the call being made
+    decided: int = 0
+    current: Message | None = None  # the call under way
+    deadline: float = float("inf")  # when the watchdog gives up on it (a thread's call)
+    session: CallSession | None = None  # the database session of a transactional call in progress (PostgreSQL)
+    done: list[tuple[Message, Disposition]] = field(default_factory=list)  # outcomes not handed over yet
+    unmark: list[Message] = field(default_factory=list)  # marks to take back (calls that will not be made)
+    abandon: list[Message] = field(default_factory=list)  # calls given up on at a stop
+    handed: Outcomes | None = None  # the last outcomes handed over (a lone run waits until they are handled)
+
+    def give_up(self) -> None:
+        """Its calls after the current one will not be made: their marks are taken back."""
+        self.unmark.extend(self.calls[self.index + 1 :])
+        self.decided = len(self.calls)
 
 
 @dataclass(eq=False)
-class _Ahead:
-    """A hint's next run, marked before a lane takes it (ahead by a lane, or by the fetch)."""
+class _Lane:
+    number: int
+    task: asyncio.Task[None] | None = None
+    work: HintWork | None = None  # the hint it has (calling, or parked for its target)
+    run: _Run | None = None  # the run it makes
+    abandoned: bool = False  # given up on (timeout or shutdown): it ends when the call returns
+    timed_out: bool = False  # given up on by the watchdog: counted among the stuck calls
+    admitted: bool = False  # past the gate: its run may be marked and called
 
-    work: HintWork
-    run: list[Message]
-    ticket: MarkTicket  # a network run's room at its target is taken by the lane that makes it
+    @property
+    def current(self) -> Message | None:
+        """The call it makes now."""
+        return None if self.run is None else self.run.current
 
 
 def _hints(parked: Iterable[HintWork | asyncio.Future[None]]) -> list[HintWork]:
@@ -297,7 +316,7 @@ class Lanes:
         self._gate_waiters: list[asyncio.Future[None]] = []  # lanes waiting at the gate (or for a stop)
         self._rotation: deque[HintWork] = deque()
         # Runs marked before a lane took them (ahead, or by the fetch): lanes take these first.
-        self._ahead: deque[_Ahead] = deque()  # at most one per lane, and the fetch's
+        self._ahead: deque[_Run] = deque()  # at most one per lane, and the fetch's
         # By destination, in the order they came: hints parked until a call there ends, and lanes holding a run
         # marked ahead that wait for room there (their futures).
         self._parked: dict[str, deque[HintWork | asyncio.Future[None]]] = {}
@@ -393,14 +412,14 @@ class Lanes:
     def _let_go_ahead(self, which: Callable[[HintWork], bool], *, withdraw: bool) -> list[HintWork]:
         """Under the lock: take these hints' runs marked ahead out; returns the hints. ``withdraw``: their marks
         are taken back (the replica stops or the slot is gone)."""
-        let_go, kept = [], deque[_Ahead]()
+        let_go, kept = [], deque[_Run]()
         for item in self._ahead:
             if not which(item.work):
                 kept.append(item)
                 continue
-            if withdraw:
+            if withdraw and item.ticket is not None:
                 self.committer.withdraw(item.ticket)
-            item.work.pending.extendleft(reversed(item.run))
+            item.work.pending.extendleft(reversed(item.calls))
             item.work.running = False
             let_go.append(item.work)
         self._ahead = kept
@@ -421,16 +440,16 @@ class Lanes:
             while self._in_runs() and self._monotonic() < deadline:
                 self._cond.wait(min(0.05, max(0.0, deadline - self._monotonic())))
             for lane in self._lanes:
-                if lane.current is not None and not lane.abandoned:
+                run = lane.run
+                if run is not None and run.current is not None and not lane.abandoned:
                     lane.abandoned = True
-                    message = lane.current
-                    session, lane.session = lane.session, None
+                    message = run.current
+                    session, run.session = run.session, None
                     if session is not None:  # a transactional call: its transaction holds the call's row, which
                         self._end_transaction(session)  # the abandon mark is written to (its writes roll back)
-                    lane.abandon.append(message)
-                    lane.unmark.extend(lane.unstarted())
-                    if lane.work is not None:
-                        self._hand_over_locked(lane, lane.work)
+                    run.abandon.append(message)
+                    run.give_up()
+                    self._hand_over_locked(lane, run)
                     self.metrics.messages.labels(message.name, "abandoned").inc()
                     logger.warning(
                         "shutdown: gave up on the call of message %s (%s), still running; it will be delivered "
@@ -530,7 +549,7 @@ class Lanes:
                     else:
                         work.running = True
                         run = [work.pending.popleft() for _ in ticket.calls]
-                        self._ahead.append(_Ahead(work, run, ticket))
+                        self._ahead.append(_Run(work, run, ticket=ticket))
                 self._notify_work(len(works))
                 if self._ahead and self._alone_waiting:  # lanes at the gate step aside for them
                     self._notify_gate()
@@ -638,10 +657,10 @@ class Lanes:
 
     # -- a lane -------------------------------------------------------------------------------------------
 
-    async def _take(self, lane: _Lane) -> HintWork | _Ahead | None:
-        """The next hint for this lane: a run marked ahead first (unless a message is being called alone),
-        else the front of the rotation; None when the lane is to end."""
-        taken: HintWork | _Ahead
+    async def _take(self, lane: _Lane) -> _Run | HintWork | None:
+        """The next work for this lane: a run marked ahead first (unless a message is being called alone), else
+        the hint at the front of the rotation; None when the lane is to end."""
+        taken: _Run | HintWork
         while True:
             with self._lock:
                 if self._stopping or lane.abandoned:
@@ -666,24 +685,16 @@ class Lanes:
             taken = await self._take(lane)
             if taken is None:
                 return
-            work = taken.work if isinstance(taken, _Ahead) else taken
+            run: _Run | None
+            if isinstance(taken, _Run):
+                work, run = taken.work, taken
+            else:
+                work, run = taken, self._run_of(taken)
             parked = False
-            try:
-                if isinstance(taken, _Ahead):
-                    await self._serve_ahead(lane, taken)
-                else:
-                    parked = await self._serve(lane, work)
-            except Exception:  # a bug here must not take a lane away; the hint is let go
-                logger.exception("lane %s failed while calling hint %r", lane.number, work.hint)
-                with self._lock:
-                    work.pending.clear()
-                    if not lane.abandoned:
-                        lane.current = None
-                        lane.admitted = False
-                    self._hand_over_locked(lane, work)
+            if run is not None:
+                parked = await self._serve(lane, run)
             with self._lock:
-                lane.work = None
-                lane.run = []
+                lane.work = lane.run = None
                 if lane.timed_out:  # the watchdog gave up on this lane's call: it has returned now
                     self._hung -= 1
                     self.metrics.hung_calls.set(self._hung)
@@ -704,6 +715,58 @@ class Lanes:
                 self.settle(work)
             if abandoned:
                 return
+
+    async def _serve(self, lane: _Lane, run: _Run) -> bool:
+        """Make a run, through to its one exit; True when its hint waits, parked, for a call to its target to end.
+
+        A failure of the lanes' own (a bug) is logged; the exit records the call under way as failed with its
+        reason, takes the others' marks back, and the hint is let go: the lane goes on."""
+        lane.run = run
+        made = parked = False
+        failure: Exception | None = None
+        try:
+            parked = await (self._make_ahead(lane, run) if run.ticket is not None else self._make(lane, run))
+            made = True
+        except Exception as error:
+            failure = error
+            logger.exception("lane %s failed while calling hint %r", lane.number, run.work.hint)
+        finally:
+            self._close(lane, run, failure)
+        try:
+            if made and run.lone and lane.admitted:
+                await self._await_handled(lane, run)
+        finally:
+            self._leave(lane)
+        return parked
+
+    def _close(self, lane: _Lane, run: _Run, failure: Exception | None = None) -> None:
+        """The one exit of a run: every call it marked is accounted for (see :class:`_Run`) and handed to the
+        committer, and its room at its target is free. A run given up on (a timeout, a stop) was accounted for
+        where it was given up on."""
+        with self._lock:
+            if failure is not None:
+                run.work.pending.clear()
+            if not lane.abandoned:
+                message = run.current
+                if run.marked and message is not None and failure is not None:  # under way when the lane failed
+                    error = RuntimeError(
+                        f"the worker failed during the call: {type(failure).__name__}: {first_line(failure)}"
+                    )
+                    disposition = resolve(
+                        message, error, self._policy(message.name), self.clock.now(), self.settings.poll.interval
+                    )
+                    run.done.append((message, disposition))
+                    _log_failure(message, disposition, error)
+                elif run.marked:  # the calls not decided were not made (one under way at a cancel: made again)
+                    run.index = run.decided - 1
+                if run.marked:
+                    run.give_up()
+                run.current = None
+                self._hand_over_locked(lane, run)
+            if run.room is not None:
+                room, run.room = run.room, None
+                room.target.release()
+                self._unpark(room.key, 1)
 
     def _policy(self, name: str) -> Policy:
         policy = self._policies.get(name)
@@ -732,59 +795,82 @@ class Lanes:
         self._destinations[name] = found
         return found
 
-    def _run_of(self, work: HintWork) -> list[Message]:
-        """The next calls of a hint under one mark: alone when it was lost before, else by call speed; all to one
-        destination."""
+    def _run_of(self, work: HintWork) -> _Run | None:
+        """A hint's next calls under one mark: alone when it was lost before, else by call speed; all to one
+        destination. None when it has none (the expired ones are left to cleanup)."""
         now = self.clock.now()
-        while work.pending and work.pending[0].is_expired(now):  # expired: never correlated, left to cleanup
+        while work.pending and work.pending[0].is_expired(now):
             work.pending.popleft()
         if not work.pending:
-            return []
+            return None
         head = work.pending[0]
         if head.redelivered:
             count = 1
         else:
             count = run_length(self._call_seconds.get(head.name), self._mark_seconds, len(work.pending))
         destination = self._destination(head.name)
-        run: list[Message] = []
-        while work.pending and len(run) < count and not (run and work.pending[0].redelivered):
-            if run and self._destination(work.pending[0].name) is not destination:
+        calls: list[Message] = []
+        while work.pending and len(calls) < count and not (calls and work.pending[0].redelivered):
+            if calls and self._destination(work.pending[0].name) is not destination:
                 break
-            run.append(work.pending.popleft())
-        return run
+            calls.append(work.pending.popleft())
+        return _Run(work, calls, lone=head.redelivered)
 
-    async def _serve(self, lane: _Lane, work: HintWork) -> bool:
-        """A hint's next run; True when the hint waits, parked, for a call to its target to end."""
-        run = self._run_of(work)
-        if not run:
-            return False
-        wants_alone = run[0].redelivered
-        alone = await self._admit(lane, wants_alone)
+    @staticmethod
+    def _put_back(run: _Run) -> None:
+        """A run not marked goes back to the front of its hint, for a later run."""
+        run.work.pending.extendleft(reversed(run.calls))
+        run.calls = []
+
+    async def _make(self, lane: _Lane, run: _Run) -> bool:
+        """A run from the rotation: through the gate, checked, given room at its target, marked and made; True
+        when its target has no room for it now (the hint is parked)."""
+        work = run.work
+        alone = await self._admit(lane, run.lone)
         if alone is None:  # stopping, or stepping aside for runs marked ahead: the hint goes back to the rotation
-            work.pending.extendleft(reversed(run))
+            self._put_back(run)
             return False
-        lane.handed = None
-        try:
-            parked = await self._serve_run(lane, work, run, alone)
-            if wants_alone:
-                await self._await_handled(lane)
-            return parked
-        finally:
-            self._leave(lane)
+        run.alone = alone
+        head = run.calls[0]
+        if not self._lease_lasts(work, head):
+            self._give_back_until_renewed(work)
+            return False
+        if self._held_back(head):
+            self._give_back(work, "a durable pause holds it back", again=True)
+            return False
+        if not self._agreed(head.name):
+            self._hold_for_routes(work)
+            return False
+        destination = self._destination(head.name)
+        if destination is not None:
+            run.room = self._target_admits(destination, work)
+            if run.room is None:
+                self._put_back(run)
+                if work.rest is None:  # no room: parked, in order, for a call there to end
+                    with self._lock:
+                        self._parked.setdefault(destination.key, deque()).append(work)
+                    return True
+                self._give_back(work, "its target's circuit is open")
+                return False
+        run.ticket = self.committer.mark_ahead(
+            work.slot, work.fence, [message.id for message in run.calls], alone, hint=work.hint
+        )
+        await self._make_marked(lane, run)
+        return False
 
-    async def _serve_ahead(self, lane: _Lane, ahead: _Ahead) -> None:
-        """A run marked ahead: its lane is past the gate already, and asks its target for room now."""
-        try:
-            room = None
-            destination = self._destination(ahead.run[0].name)
-            if destination is not None:
-                room = await self._room_when_free(destination, ahead.work)
-                if room is None:
-                    self._hand_over_marked_back(lane, ahead)
-                    return
-            await self._run_marked(lane, ahead.work, ahead.run, ahead.ticket, room)
-        finally:
-            self._leave(lane)
+    async def _make_ahead(self, lane: _Lane, run: _Run) -> bool:
+        """A run marked ahead: its lane is past the gate already, and asks its target for room now. A target that
+        will not take it (its circuit opened) or a stop: its marks are taken back at the exit, and the hint makes
+        no more calls now (the rest waits behind the run: it rests, or is fetched again)."""
+        destination = self._destination(run.calls[0].name)
+        if destination is not None:
+            run.room = await self._room_when_free(destination, run.work)
+            if run.room is None:
+                run.marked = True
+                self._give_back(run.work, "its target's circuit is open" if run.work.rest else "the replica stops")
+                return False
+        await self._make_marked(lane, run)
+        return False
 
     async def _room_when_free(self, destination: Destination, work: HintWork) -> _Room | None:
         """Room at its target for a run marked ahead, waiting while the target is only full (its calls end within
@@ -803,18 +889,11 @@ class Lanes:
             with self._lock, suppress(ValueError):  # not woken (a look at a stop): out of the queue, asks again
                 waiting.remove(waiter)
 
-    def _hand_over_marked_back(self, lane: _Lane, ahead: _Ahead) -> None:
-        """A run marked ahead whose target will not take it now (or the replica stops): its marks are taken back,
-        and the hint makes no more calls now (the rest waits behind the run: it rests, or is fetched again)."""
-        lane.unmark.extend(ahead.run)
-        self._give_back(ahead.work, "its target's circuit is open" if ahead.work.rest else "the replica stops")
-        self._hand_over(lane, ahead.work)
-
-    async def _await_handled(self, lane: _Lane) -> None:
+    async def _await_handled(self, lane: _Lane, run: _Run) -> None:
         """Hold the gate until a lone run's outcomes are handled by a flush (written, or deferred with the call
         marked returned): if a call after it killed the process before then, its mark would still say alone and
         under way, and the crash would be blamed on it. A row lock of another session does not hold the gate."""
-        handed = lane.handed
+        handed = run.handed
         if handed is None:
             return
         while not await self._latched(handed.handled, WAIT_LOOK):
@@ -881,34 +960,6 @@ class Lanes:
             if was_alone and self._ahead:  # runs marked ahead wait for the gate to open
                 self._notify_work(len(self._ahead))
 
-    async def _serve_run(self, lane: _Lane, work: HintWork, run: list[Message], alone: bool) -> bool:
-        """Mark a run and make it; True when its target had no room for it now (the hint is parked)."""
-        if not self._lease_lasts(work, run[0]):
-            self._give_back_until_renewed(work)
-            return False
-        if self._held_back(run[0]):
-            self._give_back(work, "a durable pause holds it back", again=True)
-            return False
-        if not self._agreed(run[0].name):
-            self._hold_for_routes(work)
-            return False
-        destination = self._destination(run[0].name)
-        room = None
-        if destination is not None:
-            room = self._target_admits(destination, work)
-            if room is None:
-                if work.rest is None:  # no room: parked, in order, for a call there to end
-                    work.pending.extendleft(reversed(run))
-                    with self._lock:
-                        self._parked.setdefault(destination.key, deque()).append(work)
-                    return True
-                work.pending.extendleft(reversed(run))
-                self._give_back(work, "its target's circuit is open")
-                return False
-        ticket = self.committer.mark_ahead(work.slot, work.fence, [m.id for m in run], alone, hint=work.hint)
-        await self._run_marked(lane, work, run, ticket, room)
-        return False
-
     async def _marks_written(self, ticket: MarkTicket) -> bool:
         """Wait for a ticket's answer; False (the ticket withdrawn) when the replica stops first."""
         while not await self._latched(ticket.done, WAIT_LOOK):
@@ -921,51 +972,42 @@ class Lanes:
         """The term the hint was fetched under still runs, long enough for this call."""
         return self.leases.safe_for(work.slot, work.fence) > self._timeout(message.name)
 
-    async def _run_marked(
-        self, lane: _Lane, work: HintWork, run: list[Message], ticket: MarkTicket, room: _Room | None
-    ) -> None:
+    async def _make_marked(self, lane: _Lane, run: _Run) -> None:
         """Make a run's calls once its marks are written (asked for by this lane, or ahead by another).
 
         The wait ends with the answer (which the database's timeouts bound), or at once when the replica stops:
         the ticket is then withdrawn (its marks taken back once written, before the committer stops)."""
-        try:
-            if not await self._marks_written(ticket):
-                self._give_back(work, "the replica stops while its calls' marks are written")
-                return
-            if ticket.remaining is None:  # term over, stopping, or the database not writable now
-                if ticket.unsure:  # the marks may be written all the same: taken back before the hint is free
-                    lane.unmark.extend(run)  # (a call row of this term no one makes would be counted lost later)
-                    self._hand_over(lane, work)
-                self._give_back(work, "its calls could not be marked" if ticket.unsure else "its slot's lease is gone")
-                return
-            if not ticket.by_fetch:  # a fetch's mark costs its fetch nearly nothing: it says nothing of a mark's time
-                self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
-            marked = ticket.marked
-            count = next((index for index, message in enumerate(run) if message.id not in marked), len(run))
-            if count < len(run):  # in flight elsewhere, paused or deleted since the fetch: the hint waits there
-                lane.unmark.extend(message for message in run[count:] if message.id in marked)
-                run = run[:count]
-                self._give_back(work, "a message of it was not marked (in flight elsewhere, paused or deleted)",
-                                again=True)
-            try:
-                if not run:
-                    return
-                if not self._lease_lasts(work, run[0]):  # a run marked ahead waited for a lane meanwhile
-                    lane.unmark.extend(run)
-                    self._give_back_until_renewed(work)
-                    return
-                if not work.started:
-                    work.started = self._monotonic()
-                self._mark_next()
-                if room is None:
-                    await asyncio.wrap_future(self._threads.submit(lambda: self._calls_in_thread(lane, work, run)))
-                else:
-                    await self._calls_on_loop(lane, work, run, room)
-            finally:
-                self._hand_over(lane, work)
-        finally:
-            if room is not None:
-                self._release(room)
+        work, ticket = run.work, run.ticket
+        assert ticket is not None
+        if not await self._marks_written(ticket):
+            self._give_back(work, "the replica stops while its calls' marks are written")
+            return
+        if ticket.remaining is None:  # term over, stopping, or the database not writable now
+            run.marked = ticket.unsure  # the marks may be written all the same: taken back before the hint is free
+            self._give_back(work, "its calls could not be marked" if ticket.unsure else "its slot's lease is gone")
+            return
+        run.marked = True
+        if not ticket.by_fetch:  # a fetch's mark costs its fetch nearly nothing: it says nothing of a mark's time
+            self._mark_seconds += 0.2 * (ticket.seconds - self._mark_seconds)
+        marked = ticket.marked
+        count = next((index for index, message in enumerate(run.calls) if message.id not in marked), len(run.calls))
+        if count < len(run.calls):  # in flight elsewhere, paused or deleted since the fetch: the hint waits there
+            run.unmark.extend(message for message in run.calls[count:] if message.id in marked)
+            run.calls = run.calls[:count]
+            self._give_back(work, "a message of it was not marked (in flight elsewhere, paused or deleted)",
+                            again=True)
+        if not run.calls:
+            return
+        if not self._lease_lasts(work, run.calls[0]):  # a run marked ahead waited for a lane meanwhile
+            self._give_back_until_renewed(work)
+            return
+        if not work.started:
+            work.started = self._monotonic()
+        self._mark_next()
+        if run.room is None:
+            await asyncio.wrap_future(self._threads.submit(lambda: self._calls_in_thread(lane, run)))
+        else:
+            await self._calls_on_loop(lane, run)
 
     def _mark_next(self) -> None:
         """While this lane calls, have the next runs of the rotation's front marked (:data:`AHEAD_PER_RUN`, up to
@@ -991,17 +1033,18 @@ class Lanes:
                     return  # the lane that takes the hint asks its target (and parks it, or lets it rest)
                 self._rotation.popleft()
                 run = self._run_of(work)
-                if not run or run[0].redelivered:  # all expired (a lane lets it go), or for the gate after all
-                    work.pending.extendleft(reversed(run))
+                if run is None or run.lone:  # all expired (a lane lets it go), or for the gate after all
+                    if run is not None:
+                        self._put_back(run)
                     self._rotation.appendleft(work)
                     return
                 work.running = True
-                ticket = self.committer.mark_ahead(
-                    work.slot, work.fence, [message.id for message in run], hint=work.hint
+                run.ticket = self.committer.mark_ahead(
+                    work.slot, work.fence, [message.id for message in run.calls], hint=work.hint
                 )
                 # A network run's room at its target is taken by the lane that makes it (a run waiting for a
                 # lane holds none: the calls in flight there are the lanes' own).
-                self._ahead.append(_Ahead(work, run, ticket))
+                self._ahead.append(run)
                 self._notify_work(1)
 
     def _room_ahead(self, key: str) -> bool:
@@ -1013,48 +1056,46 @@ class Lanes:
             return False
         ahead = 0
         for item in self._ahead:
-            destination = self._destination(item.run[0].name)
+            destination = self._destination(item.calls[0].name)
             if destination is not None and destination.key == key:
                 ahead += 1
         return ahead < target.allowed()
 
     # -- the calls of a run -----------------------------------------------------------------------------------
 
-    def _calls(self, lane: _Lane, work: HintWork, run: list[Message], on_loop: bool
+    def _calls(self, lane: _Lane, run: _Run, on_loop: bool
                ) -> Generator[tuple[Message, Correlator | None], CallResult, None]:
         """A run's calls in order, one step of each: yields the message to call (and its route), is sent what the
-        call came to, and records it; the outcomes collect on the lane until the run ends. Driven by the run's
-        thread (:meth:`_calls_in_thread`) or by its lane on the loop (:meth:`_calls_on_loop`)."""
-        lane.run = run
+        call came to, and decides it (``run.decided``); the outcomes collect on the run until its exit, which
+        takes back the marks of the calls a return here leaves undecided. Driven by the run's thread
+        (:meth:`_calls_in_thread`) or by its lane on the loop (:meth:`_calls_on_loop`)."""
+        work = run.work
         durations: list[float] = []
         try:
-            for index, message in enumerate(run):
-                lane.index = index
+            for index, message in enumerate(run.calls):
+                run.index = index
                 if self._stopping:
-                    lane.unmark.extend(run[index:])
                     work.pending.clear()
                     return
                 timeout = self._timeout(message.name)
                 if message.expires_at is not None and message.is_expired(self.clock.now()):
-                    lane.unmark.append(message)  # never correlated; cleanup removes it
+                    run.unmark.append(message)  # never correlated; cleanup removes it
+                    run.decided = index + 1
                     continue
                 if self._held_back(message):  # paused since the fetch: it waits, in order, for the lift
-                    lane.unmark.extend(run[index:])
                     self._give_back(work, "a durable pause holds it back", again=True)
                     return
                 if not self._agreed(message.name):  # a replica routing its name differently joined
-                    lane.unmark.extend(run[index:])
                     self._hold_for_routes(work)
                     return
                 started = self._monotonic()
                 if index and self.leases.safe_for(work.slot, work.fence) <= timeout:
-                    lane.unmark.extend(run[index:])
                     self._give_back_until_renewed(work)
                     return
                 with self._lock:
                     # A network call ends itself at its timeout; the watchdog looks after the threads' calls.
-                    lane.deadline = float("inf") if on_loop else started + timeout
-                    lane.current = message
+                    run.deadline = float("inf") if on_loop else started + timeout
+                    run.current = message
                 if message.redelivered:
                     self.metrics.redeliveries.inc()
                     logger.info(
@@ -1067,19 +1108,21 @@ class Lanes:
                         if span is not None:
                             span.outcome("not_called" if status != "held" else "held", error)
                         with self._lock:
-                            lane.current = None
-                        if status == "gone":  # deleted or recorded meanwhile: its mark is out, go on
+                            if lane.abandoned:  # given up on meanwhile: that recorded it
+                                return
+                            run.current = None
+                        if status in ("gone", "fenced"):  # gone: deleted or recorded meanwhile, its mark is out;
+                            # fenced: rolled back, its mark left under the ended term (the slot's next holder
+                            # counts it, this one too)
                             self.committer.settled(work.fence, [message.id])
-                            continue
-                        if status == "held":  # the target's refusal: no attempt, the hint rests (work.rest)
-                            lane.unmark.extend(run[index:])
+                            run.decided = index + 1
+                            if status == "gone":
+                                continue
+                        elif status == "held":  # the target's refusal: no attempt, the hint rests (work.rest)
                             self._give_back(work, "its target refused the call")
                             return
-                        if status == "fenced":  # rolled back, its mark left under the ended term: the slot's next
-                            self.committer.settled(work.fence, [message.id])  # holder counts it (this one too)
-                        lane.unmark.extend(run[index + 1 :] if status == "fenced" else run[index:])
-                        if status in ("busy", "unavailable"):  # its row held elsewhere, or the database gone
-                            work.rest = (None, ROW_HELD_REST)  # mid-call (rolled back, not charged): a rest
+                        else:  # its row held elsewhere, or the database gone mid-call (rolled back, not charged)
+                            work.rest = (None, ROW_HELD_REST)
                         self._give_back(work, {"fenced": "its slot's term ended", "busy": "its row is held elsewhere",
                                                "unavailable": "the database was lost during the call"}[status])
                         return
@@ -1101,12 +1144,13 @@ class Lanes:
                     with self._lock:
                         if lane.abandoned:  # the watchdog recorded a timeout (or shutdown gave up on it) meanwhile
                             return
-                        lane.current = None
+                        run.current = None
+                        run.decided = index + 1
                         if status == "written":  # recorded with the handler's writes, in its transaction
-                            self._count_recorded(message, disposition)
+                            self._count(message.name, disposition.outcome)
                             self.committer.settled(work.fence, [message.id])
                         else:
-                            lane.done.append((message, disposition))
+                            run.done.append((message, disposition))
                     work.called += 1
                     durations.append(elapsed)
                     if error is None:
@@ -1118,22 +1162,21 @@ class Lanes:
                             self.metrics.handler_timeouts.labels(message.name).inc()
                         _log_failure(message, disposition, error)
                         if self.mode is Mode.FAIL_FIRST:
-                            lane.unmark.extend(run[index + 1 :])
                             work.pending.clear()
                             work.stopped = True
                             return
         finally:
             if durations:
-                self._observe(run[0].name, durations)
+                self._observe(run.calls[0].name, durations)
 
-    def _calls_in_thread(self, lane: _Lane, work: HintWork, run: list[Message]) -> None:
+    def _calls_in_thread(self, lane: _Lane, run: _Run) -> None:
         """A Python correlator's run, on its thread."""
-        steps = self._calls(lane, work, run, on_loop=False)
+        steps = self._calls(lane, run, on_loop=False)
         try:
             message, correlator = next(steps)
             while True:
                 if isinstance(correlator, TransactionalCorrelator):
-                    outcome = self._call_in_transaction(lane, work, message, correlator)
+                    outcome = self._call_in_transaction(run, message, correlator)
                 else:
                     error, result = self._call(message, correlator)
                     outcome = (error, result, None)
@@ -1143,13 +1186,14 @@ class Lanes:
         finally:
             steps.close()
 
-    async def _calls_on_loop(self, lane: _Lane, work: HintWork, run: list[Message], room: _Room) -> None:
+    async def _calls_on_loop(self, lane: _Lane, run: _Run) -> None:
         """A network target's run, on the loop: each call awaited, cancelled at its handler timeout."""
-        steps = self._calls(lane, work, run, on_loop=True)
+        assert run.room is not None
+        steps = self._calls(lane, run, on_loop=True)
         try:
             message, correlator = next(steps)
             while True:
-                outcome = await self._call_network(work, message, correlator, room)
+                outcome = await self._call_network(run.work, message, correlator, run.room)
                 message, correlator = steps.send(outcome)
         except StopIteration:
             pass
@@ -1229,13 +1273,6 @@ class Lanes:
                 self.metrics.target_held.labels(destination.shown, "open").inc()
         return None
 
-    def _release(self, room: _Room) -> None:
-        """A run's call slot at its target is free: for the first waiting for it (a parked hint goes to the front
-        of the rotation; a lane with a run marked ahead is woken)."""
-        with self._lock:
-            room.target.release()
-            self._unpark(room.key, 1)
-
     def _unpark(self, key: str, count: int) -> None:
         """Under the lock: up to ``count`` of those waiting for room at this destination go, in the order they
         came (a lane that gave up waiting meanwhile is passed over: it asks again)."""
@@ -1296,9 +1333,7 @@ class Lanes:
         outcome = interpret_return(returned)
         return outcome, (result_of(returned) if outcome is None else None)
 
-    def _call_in_transaction(
-        self, lane: _Lane, work: HintWork, message: Message, correlator: TransactionalCorrelator
-    ) -> CallResult:
+    def _call_in_transaction(self, run: _Run, message: Message, correlator: TransactionalCorrelator) -> CallResult:
         """A transactional correlator's call, inside the transaction that records its success (see
         :meth:`~worker.db.calls.CallStatements.calls_transact`): the error (None for success), the target's
         answer, and what became of the transaction."""
@@ -1328,11 +1363,11 @@ class Lanes:
 
         def session(call: CallSession | None) -> None:
             with self._lock:
-                lane.session = call
+                run.session = call
 
         try:
             status = self.committer.store.calls_transact(
-                work.slot, work.fence, disposition, message.id, session=session,
+                run.work.slot, run.work.fence, disposition, message.id, session=session,
                 idle_limit=timeout + IDLE_MARGIN,  # past it the watchdog ended it, or the replica froze
             )
         except StoreError as error:  # the transaction did not commit (or cannot be known to): not recorded
@@ -1349,26 +1384,23 @@ class Lanes:
             ), None, "failed"
         return failure[0], answer[0], status
 
-    def _hand_over(self, lane: _Lane, work: HintWork) -> None:
-        """Give the committer the outcomes collected on the lane (once per run)."""
-        with self._lock:
-            self._hand_over_locked(lane, work)
-
-    def _hand_over_locked(self, lane: _Lane, work: HintWork) -> None:
-        done, lane.done = lane.done, []
-        unmark, lane.unmark = lane.unmark, []
-        abandon, lane.abandon = lane.abandon, []
+    def _hand_over_locked(self, lane: _Lane, run: _Run) -> None:
+        """Under the lock: give the committer the outcomes, unmarks and abandons collected on the run (at its exit,
+        and where a call is given up on)."""
+        done, run.done = run.done, []
+        unmark, run.unmark = run.unmark, []
+        abandon, run.abandon = run.abandon, []
         if not (done or unmark or abandon):
             return
+        work = run.work
         work.unrecorded += len(done) + len(unmark) + len(abandon)
         counts = Counter((message.name, disposition.outcome) for message, disposition in done)
         for (name, outcome), n in counts.items():
-            self._tally[outcome] += n
-            self.metrics.messages.labels(name, outcome).inc(n)
+            self._count(name, outcome, n)
         outcomes = Outcomes(
             work.slot, work.fence, done, lambda ended: self._recorded(work, ended), unmark=unmark, abandon=abandon
         )
-        lane.handed = outcomes
+        run.handed = outcomes
         self.committer.record(outcomes, now=self._alone is lane)  # the gate stays shut until it is written
 
     def _give_back(self, work: HintWork, why: str, *, again: bool = False) -> None:
@@ -1402,10 +1434,10 @@ class Lanes:
             if len(timed) > NAMES_TIMED:
                 del timed[next(iter(timed))]
 
-    def _count_recorded(self, message: Message, disposition: Disposition) -> None:
-        """Under the lock: an outcome written by its call's own transaction, counted as handed-over ones are."""
-        self._tally[disposition.outcome] += 1
-        self.metrics.messages.labels(message.name, disposition.outcome).inc()
+    def _count(self, name: str, outcome: str, n: int = 1) -> None:
+        """Under the lock: outcomes of calls, handed over or written by their call's own transaction."""
+        self._tally[outcome] += n
+        self.metrics.messages.labels(name, outcome).inc(n)
 
     def tally(self) -> Counter[str]:
         """Outcomes of calls so far, by outcome."""
@@ -1438,8 +1470,8 @@ class Lanes:
                 if self._stopping and not self._running_calls():
                     return
                 now = self._monotonic()
-                late = [lane for lane in self._lanes if lane.current is not None and not lane.abandoned
-                        and now >= lane.deadline]
+                late = [lane for lane in self._lanes if lane.run is not None and lane.run.current is not None
+                        and not lane.abandoned and now >= lane.run.deadline]
                 for lane in late:
                     self._give_up(lane)
                 let_go, self._let_go = self._let_go, []
@@ -1451,9 +1483,11 @@ class Lanes:
     def _give_up(self, lane: _Lane) -> None:
         """Under the lock, on the loop: a call past its handler timeout is recorded as one; its lane is let go (it
         ends when its thread's call returns), and a new lane takes its place."""
-        message, work = lane.current, lane.work
-        if message is None or work is None:
+        run = lane.run
+        message = None if run is None else run.current
+        if run is None or message is None:
             return
+        work = run.work
         lane.abandoned = lane.timed_out = True
         if self._alone is lane:  # the replica goes on without it (nothing is alone while it runs)
             self._alone = None
@@ -1466,17 +1500,17 @@ class Lanes:
         policy = self._policy(message.name)
         error = HandlerTimeout(f"the correlator did not return within {format_duration(policy.handler_timeout)}")
         disposition = resolve(message, error, policy, self.clock.now(), self.settings.poll.interval)
-        lane.done.append((message, disposition))
+        run.done.append((message, disposition))
         self.metrics.handler_timeouts.labels(message.name).inc()
         _log_failure(message, disposition, error)
-        lane.unmark.extend(lane.unstarted())
-        if lane.session is not None:  # a transactional call: its transaction ends first (it holds the call's row)
-            session, lane.session = lane.session, None
+        run.give_up()
+        if run.session is not None:  # a transactional call: its transaction ends first (it holds the call's row)
+            session, run.session = run.session, None
             threading.Thread(
-                target=self._end_session, args=(lane, work, session), name="end-session", daemon=True
+                target=self._end_session, args=(lane, run, session), name="end-session", daemon=True
             ).start()
         else:
-            self._hand_over_locked(lane, work)
+            self._hand_over_locked(lane, run)
         self.metrics.hung_calls.set(self._hung)
         if self._hung < self.concurrency and not self._stopping:
             self._spawn()
@@ -1495,12 +1529,12 @@ class Lanes:
                 self._hung,
             )
 
-    def _end_session(self, lane: _Lane, work: HintWork, session: CallSession) -> None:
+    def _end_session(self, lane: _Lane, run: _Run, session: CallSession) -> None:
         """End the database session of a transactional call given up on, then record its timeout (the call's
         row is free once its transaction is rolled back)."""
         self._end_transaction(session)
         with self._lock:
-            self._hand_over_locked(lane, work)
+            self._hand_over_locked(lane, run)
 
     def _end_transaction(self, session: CallSession) -> None:
         """End a transactional call's database session given up on (a timeout, a stop): its transaction rolls
