@@ -32,7 +32,7 @@ from sqlalchemy.sql import TextClause
 
 from worker.config import Mode
 from worker.db.base import PREPARED, Fence, StoreBase, driver_rows, driver_sql, int_array, text_array
-from worker.db.rows import ENGINE_COLUMNS, Unreadable, decode_row, sqlite_time
+from worker.db.rows import ENGINE_COLUMNS, TEXT_COLUMNS, Unreadable, decode_row, sqlite_time
 from worker.db.schema import pause_table
 from worker.message import PAYLOAD_MAX_BYTES, Message
 from worker.policy.outcomes import storable_text
@@ -170,15 +170,14 @@ _PAGE_HORIZON = "correlation.page_horizon"
 def _fresh_probe(slot: str, after: str, bound: str = "") -> str:
     """PostgreSQL: the first hint after ``after`` with a fresh message in the slot ``slot`` (an expression), one
     index probe: a step of the loose index scan over a slot's hints."""
-    # Each probe must walk the slot's own fresh hints (correlation_message_fresh_hint_idx), never the hints of
-    # every slot (correlation_message_hint_ready_idx, which gives hint order too, the slot filtered out row by
-    # row: a probe then reads every ready row up to the slot's next hint). Statistics taken while no row was ready
-    # (an empty queue before a burst, a paused backlog before its release) price both at one row, and the choice
-    # turned to the wrong one as the table grew during a drain: 6-10 ms a candidates statement instead of 0.3.
-    # The slot is compared through ANY, so that it is no constant the order can drop, and the probe asks for
+    # Each probe walks the slot's own fresh hints (correlation_message_fresh_hint_idx), never the hints of every
+    # slot (correlation_message_hint_ready_idx, which gives hint order too, the slot filtered out row by row: a
+    # probe there reads every ready row up to the slot's next hint), whatever the statistics say: taken while no
+    # row was ready (an empty queue before a burst, a paused backlog before its release), they price both at one
+    # row. The slot is compared through ANY, so that it is no constant the order can drop, and the probe asks for
     # (slot, hint) order: only the slot's index gives it without a sort, which the other index would need on top
-    # of its scan. (Pricing sorts out as well, SET LOCAL enable_sort in a transaction of the statement's own,
-    # added 0.1-0.15 ms to every wake-up: left out.)
+    # of its scan. Sorts are not priced out instead: that takes a setting, so a transaction of the statement's own,
+    # 0.1-0.15 ms more on every wake-up.
     return f"""(SELECT m.correlation_hint FROM correlation_message m
                  WHERE m.slot = ANY(ARRAY[CAST({slot} AS smallint)]) AND m.state = 'ready'
                    AND m.next_attempt_at IS NULL AND m.correlation_hint > {after} {bound}
@@ -187,8 +186,8 @@ def _fresh_probe(slot: str, after: str, bound: str = "") -> str:
 
 # Past this many hints to leave out, a fetch compares the hints it walks with them through a hash: every step of
 # the walk over a slot's hints is compared with all of them, and the hints left out are walked past, so with a
-# plain ``<> ALL`` the statement grew with their square (3 000 resting hints of one slot: 99 ms a fetch, 27 ms
-# hashed). Below it the plain comparison is cheaper: the hashes cost 0.1-0.2 ms a statement to build.
+# plain ``<> ALL`` the statement grows with their square. Below it the plain comparison is cheaper: the hashes
+# cost 0.1-0.2 ms a statement to build.
 SKIP_HASHED = 100
 
 
@@ -287,119 +286,155 @@ _LOOK_SQL = text(
 
 _PAUSES_PG = text("SELECT id, scope, target, reason, created_by, created_at FROM correlation_pause ORDER BY id")
 
-_HINT = 3  # the hint's column in ENGINE_COLUMNS
-_PAYLOAD = 4  # the payload's (as text)
+_HINT = ENGINE_COLUMNS.index("correlation_hint")  # the hint's column in a batch's row
+_PAYLOAD = ENGINE_COLUMNS.index("payload")  # the payload's (as text)
 
-# Whether a call of the message is in flight: a primary-key probe of correlation_call per row read. On PostgreSQL
-# the OFFSET 0 keeps it one (with sequential scans priced out, see _GENERIC_PLANS): without it the planner may
-# answer the EXISTS from a hash of every row of the table, built by each fetch (its estimate of a page's rows is a
-# generic plan's, a handful, and the table's rows were counted while it was small). With a backlog in flight that
-# table holds tens of thousands of calls: in a drain of 100 000 messages such fetches read 20 000-38 000 of them,
-# 1.3-13.5 ms of statements of 7.5-29 ms, where the fetches probing row by row took 1.4-3 ms.
-_IN_FLIGHT = "EXISTS (SELECT 1 FROM correlation_call f WHERE f.message_id = {m}.id{fence}) AS in_flight"
+
+def _engine_columns(row: str) -> str:
+    """ENGINE_COLUMNS read from ``row``, a row of correlation_message: the JSON ones as text (see TEXT_COLUMNS)."""
+    return ", ".join(f"CAST({row}.{name} AS TEXT) AS {name}" if name in TEXT_COLUMNS else f"{row}.{name}"
+                     for name in ENGINE_COLUMNS)
+
+
+def _engine_names(row: str) -> str:
+    """ENGINE_COLUMNS by name, as ``row``, a row of a subquery that selected them, has them."""
+    return ", ".join(f"{row}.{name}" for name in ENGINE_COLUMNS)
 
 
 def _in_flight(dialect: str, row: str) -> str:
-    """The in-flight column of a message read as ``row``."""
-    return _IN_FLIGHT.format(m=row, fence=" OFFSET 0" if dialect == "postgresql" else "")
+    """Whether a call of the message read as ``row`` is in flight: one primary-key probe of correlation_call.
+
+    On PostgreSQL the OFFSET 0 keeps it a probe per row (with sequential scans priced out, see _GENERIC_PLANS).
+    Without it the planner may answer the EXISTS from a hash of every row of correlation_call, built by each fetch:
+    its estimate of a page's rows is a generic plan's (a handful) and the table's rows may have been counted while
+    it was small, yet with a backlog in flight it holds tens of thousands of calls: the hash reads them all at every
+    fetch, where the probes read one a row."""
+    fence = " OFFSET 0" if dialect == "postgresql" else ""
+    return f"EXISTS (SELECT 1 FROM correlation_call f WHERE f.message_id = {row}.id{fence}) AS in_flight"
 
 
-def _batch_sql(dialect: str, mode: Mode, hint_expression: str) -> str:
-    """One hint's batch: ready, due, unexpired messages in id order below the first that holds it back.
+def _batch_sql(dialect: str, mode: Mode, *, columns: str, hint: str, horizon: str = ":horizon") -> str:
+    """One hint's batch as rows ``m`` selecting ``columns``: ready, due, unexpired messages of the hint ``hint``
+    (an expression) in id order, at most ``:per_hint`` of them, none above ``horizon`` (an expression) nor at or
+    after the first message that holds the hint back (a paused one, a waiting retry, a dead one in ``fail_first``
+    mode).
 
-    On PostgreSQL each probe asks for its hint's own index (of ready, of delayed, of paused and dead rows). A
-    generic plan made while the table was empty (a quiet queue whose rows were deleted, and vacuumed) prices every
-    path at nothing, and the primary key, which gives id order too, was chosen: each probe of the next burst then
-    read every row of the table, filtering by hint. The hint is compared through ANY and the order asked for is
-    (hint, id): only the hint's index gives it without a sort, which the primary key would need on top of its scan
-    (as :func:`_fresh_probe` does with the slot). That settled the blockers' probes; the batch's own probe still
-    went to the primary key when the ready rows' index had grown large in earlier bursts, so such a plan is not
-    kept once the table has grown (see PAGE_PLAN_SIZE_STEP)."""
+    On PostgreSQL every probe goes through its hint's own index (of ready, of delayed, of paused and dead rows),
+    whatever the statistics say: a plan made while the table was empty prices every path at nothing, and the
+    primary key, which gives id order too, would then read every row of the table for each probe, filtering by
+    hint. So the hint is compared through ANY, no constant the planner can use to drop the order, and the order
+    asked for is (hint, id): only the hint's index gives it without a sort, which the primary key would need on top
+    of its scan (as :func:`_fresh_probe` does with the slot). The batch's own probe can still go to the primary key
+    once the ready rows' index has grown large, so a plan is not kept past a growth of the table (see
+    PAGE_PLAN_SIZE_STEP)."""
     now = _now_sql(dialect)
     unexpired = f"(b.expires_at IS NULL OR b.expires_at > {now})"
     least = "LEAST" if dialect == "postgresql" else "min"
     if dialect == "postgresql":
         def of_hint(row: str) -> str:
-            return f"{row}.correlation_hint = ANY(ARRAY[CAST({hint_expression} AS text)])"
+            return f"{row}.correlation_hint = ANY(ARRAY[CAST({hint} AS text)])"
 
         def in_order(row: str) -> str:
             return f"{row}.correlation_hint, {row}.id"
     else:
         def of_hint(row: str) -> str:
-            return f"{row}.correlation_hint = {hint_expression}"
+            return f"{row}.correlation_hint = {hint}"
 
         def in_order(row: str) -> str:
             return f"{row}.id"
     blockers = [
         f"""COALESCE((SELECT b.id FROM correlation_message b
                        WHERE {of_hint("b")} AND b.state = 'paused' AND {unexpired}
-                       ORDER BY {in_order("b")} LIMIT 1), :horizon + 1)""",
+                       ORDER BY {in_order("b")} LIMIT 1), {horizon} + 1)""",
         f"""COALESCE((SELECT b.id FROM correlation_message b
                        WHERE {of_hint("b")} AND b.state = 'ready'
                          AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > {now} AND {unexpired}
-                       ORDER BY {in_order("b")} LIMIT 1), :horizon + 1)""",
+                       ORDER BY {in_order("b")} LIMIT 1), {horizon} + 1)""",
     ]
     if mode is Mode.FAIL_FIRST:
         blockers.append(
             f"""COALESCE((SELECT b.id FROM correlation_message b
                            WHERE {of_hint("b")} AND b.state = 'dead' AND {unexpired}
-                           ORDER BY {in_order("b")} LIMIT 1), :horizon + 1)"""
+                           ORDER BY {in_order("b")} LIMIT 1), {horizon} + 1)"""
         )
     return f"""
-        SELECT {ENGINE_COLUMNS}, {_in_flight(dialect, "m")} FROM correlation_message m
-         WHERE {of_hint("m")} AND m.state = 'ready' AND m.id <= :horizon
+        SELECT {columns} FROM correlation_message m
+         WHERE {of_hint("m")} AND m.state = 'ready' AND m.id <= {horizon}
            AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= {now})
            AND (m.expires_at IS NULL OR m.expires_at > {now})
            AND m.id < {least}({", ".join(blockers)})
          ORDER BY {in_order("m")} LIMIT :per_hint"""
 
 
-def _page_names(row: str) -> str:
-    """ENGINE_COLUMNS by name, as a row ``row`` of a subquery has them."""
-    return ", ".join(f"{row}.{column.split(' AS ')[-1].split('.')[-1]}" for column in ENGINE_COLUMNS.split(", "))
+# PostgreSQL: where the page reads its hints (text[]) and its horizon (bigint). In a slot's fetch they are what its
+# candidates' statement set for the transaction (see _slot_fetch_sql); the batches' statement alone takes :hints.
+_HINTS_SET = f"CAST(current_setting('{_PAGE_HINTS}', true) AS text[])"
+_HORIZON_SET = f"CAST(current_setting('{_PAGE_HORIZON}', true) AS bigint)"
+_HINTS_PARAMETER = "CAST(:hints AS text[])"
 
 
-def _batches_statement(dialect: str, mode: Mode, bounded: bool = True) -> TextClause:
-    """The batches' statement; ``bounded`` (PostgreSQL): the page also stops at ``:page_bytes`` of payloads."""
-    if dialect == "postgresql":
-        def inner(hint: str) -> str:
-            return _batch_sql(dialect, mode, hint).replace(f"{ENGINE_COLUMNS}, {_in_flight(dialect, 'm')}", "m.*", 1)
+def _page_of_batches(mode: Mode, *, hints: str, horizon: str, page_turn: bool) -> str:
+    """PostgreSQL: the batches of the hints in ``hints`` (a text[] expression) below ``horizon`` (a bigint
+    expression), whole, oldest first (by each batch's first id), ``:limit`` rows at most. Each row has
+    ENGINE_COLUMNS, its batch's length (``batch``: a hint with fewer rows in the page was cut by the limit), with
+    ``page_turn`` also its hint's place in the page (``page_turn``), and whether a call of it is in flight.
 
-        # The page takes the hints' batches whole, oldest first (by each batch's first id), until its limit: a
-        # hint split between two fetches costs a second fetch, run and mark for the same batch, and the oldest
-        # work (a message delivered again after a crash among it) goes first. The hints are put in that order
-        # first (one probe each), so that the batches are read in it and no further than the limit.
-        # Each row says how long its hint's batch is: a hint with fewer rows in the page was cut by the limit.
-        page = f"""
-            SELECT {ENGINE_COLUMNS.replace("m.", "x.")}, x.batch, {_in_flight(dialect, "x")}
-              FROM unnest(ARRAY(SELECT c.hint FROM unnest(CAST(:hints AS text[])) AS c(hint)
-                                 CROSS JOIN LATERAL (SELECT y.id FROM ({inner("c.hint")}) AS y LIMIT 1) AS h
+    The page takes batches whole and the oldest first: a hint split between two fetches costs a second fetch, run
+    and mark for the same batch, and the oldest work (a message delivered again after a crash among it) goes first.
+    The hints are put in that order first (one probe each), so that the batches are read in it and no further than
+    the limit."""
+
+    def batch(hint: str) -> str:
+        return _batch_sql("postgresql", mode, columns="m.*", hint=hint, horizon=horizon)
+
+    turn = " o.turn AS page_turn," if page_turn else ""
+    return f"""
+            SELECT {_engine_columns("x")}, x.batch,{turn} {_in_flight("postgresql", "x")}
+              FROM unnest(ARRAY(SELECT c.hint FROM unnest({hints}) AS c(hint)
+                                 CROSS JOIN LATERAL (SELECT y.id FROM ({batch("c.hint")}) AS y LIMIT 1) AS h
                                  ORDER BY h.id)) WITH ORDINALITY AS o(hint, turn)
-             CROSS JOIN LATERAL (SELECT y.*, count(*) OVER () AS batch FROM ({inner("o.hint")}) AS y) AS x
+             CROSS JOIN LATERAL (SELECT y.*, count(*) OVER () AS batch FROM ({batch("o.hint")}) AS y) AS x
              ORDER BY o.turn, x.id LIMIT :limit"""
-        parameters: list[BindParameter[Any]] = [
-            bindparam("hints", type_=ARRAY(Text())),
-            bindparam("horizon", type_=BigInteger()),
-            bindparam("per_hint", type_=Integer()),
-            bindparam("limit", type_=Integer()),
-        ]
-        if not bounded:
-            return text(page).bindparams(*parameters)
-        # Bounded, the page also stops adding rows once their payloads reach :page_bytes (its first row is always
-        # taken): a running sum over the rows the limit let through, so the batches are still read no further
-        # than the limit. It costs about a tenth of the statement; a fetch whose limit cannot reach the bound
-        # (page_size times the largest payload the schema lets in) runs the page alone (see _page_bounded).
-        page = page.replace(" x.batch, ", " x.batch, o.turn AS page_turn, ", 1)
-        sql = f"""
-            SELECT {_page_names("w")}, w.batch, w.in_flight FROM (
+
+
+def _page_sql_text(mode: Mode, *, bounded: bool, hints: str, horizon: str, page_turn: bool = False) -> str:
+    """PostgreSQL: :func:`_page_of_batches`, and with ``bounded`` no row added once the payloads before it reach
+    ``:page_bytes`` (the page's first row is always taken).
+
+    The bound is a running sum over the rows the limit lets through, so the batches are still read no further than
+    the limit. It costs about a tenth of the statement: a fetch whose limit cannot reach the bound (its limit times
+    the largest payload the schema lets in) runs the page alone (see _page_bounded)."""
+    if not bounded:
+        return _page_of_batches(mode, hints=hints, horizon=horizon, page_turn=page_turn)
+    page = _page_of_batches(mode, hints=hints, horizon=horizon, page_turn=True)  # the sum runs in page order
+    turn = " w.page_turn," if page_turn else ""
+    return f"""
+            SELECT {_engine_names("w")}, w.batch,{turn} w.in_flight FROM (
               SELECT q.*, sum(octet_length(q.payload)) OVER (ORDER BY q.page_turn, q.id
                                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                             AS bytes_before
                 FROM ({page}) AS q
             ) AS w
              WHERE w.bytes_before IS NULL OR w.bytes_before < :page_bytes"""
-        return text(sql).bindparams(*parameters, bindparam("page_bytes", type_=BigInteger()))
-    return text(_batch_sql(dialect, mode, ":hint")).bindparams(
+
+
+def _batches_statement(dialect: str, mode: Mode, bounded: bool = True) -> TextClause:
+    """The batches' statement: on PostgreSQL the page of the hints in ``:hints`` below ``:horizon``
+    (:func:`_page_sql_text`; ``bounded``: it also stops at ``:page_bytes`` of payloads); on SQLite the batch of
+    ``:hint``, the engine's columns and whether a call is in flight."""
+    if dialect == "postgresql":
+        sql = _page_sql_text(mode, bounded=bounded, hints=_HINTS_PARAMETER, horizon=":horizon")
+        parameters: list[BindParameter[Any]] = [
+            bindparam("hints", type_=ARRAY(Text())),
+            bindparam("horizon", type_=BigInteger()),
+            bindparam("per_hint", type_=Integer()),
+            bindparam("limit", type_=Integer()),
+        ]
+        if bounded:
+            parameters.append(bindparam("page_bytes", type_=BigInteger()))
+        return text(sql).bindparams(*parameters)
+    columns = f"{_engine_columns('m')}, {_in_flight(dialect, 'm')}"
+    return text(_batch_sql(dialect, mode, columns=columns, hint=":hint")).bindparams(
         bindparam("horizon", type_=BigInteger()), bindparam("per_hint", type_=Integer())
     )
 
@@ -413,15 +448,11 @@ def _page_bounded(limit: int, page_bytes: int) -> bool:
 def _page_sql(mode: Mode, bounded: bool = True) -> str:
     """PostgreSQL: the batches' statement reading its hints and horizon from what :func:`_slot_fetch_sql` set for
     the transaction (driver placeholders)."""
-    sql = driver_sql(_statement("postgresql", "batches", (mode, bounded),
-                                lambda: _batches_statement("postgresql", mode, bounded)))
-    return sql.replace(
-        "CAST(%(hints)s AS text[])", f"CAST(current_setting('{_PAGE_HINTS}', true) AS text[])"
-    ).replace("%(horizon)s", f"CAST(current_setting('{_PAGE_HORIZON}', true) AS bigint)")
+    return driver_sql(text(_page_sql_text(mode, bounded=bounded, hints=_HINTS_SET, horizon=_HORIZON_SET)))
 
 
 # The columns of the batches' rows (ENGINE_COLUMNS, the batch's length and whether a call is in flight), by name.
-_PAGE_COLUMNS = _page_names("p") + ", p.batch, p.in_flight"
+_PAGE_COLUMNS = _engine_names("p") + ", p.batch, p.in_flight"
 
 
 @functools.cache
@@ -431,8 +462,8 @@ def _page_marking_sql(mode: Mode, bounded: bool = True) -> str:
     committed without waiting for the disk, a message in flight already left alone. One statement, so the calls
     marked start their hints' batches as the rows returned have them. Each row also says whether it was marked,
     and the seconds left of the term (NULL: the term has ended, nothing was marked)."""
-    page = (_page_sql(mode, bounded).replace(" w.batch, ", " w.batch, w.page_turn, ", 1) if bounded
-            else _page_sql(mode, bounded).replace(" x.batch, ", " x.batch, o.turn AS page_turn, ", 1))
+    page = driver_sql(text(_page_sql_text(mode, bounded=bounded, hints=_HINTS_SET, horizon=_HORIZON_SET,
+                                          page_turn=True)))
     return f"""
         WITH page AS MATERIALIZED ({page}
         ), term AS MATERIALIZED (
@@ -486,8 +517,7 @@ def _oldest_eligible_sql(mode: Mode) -> TextClause:
     ``:slots``, in one statement: each slot's candidate hints (up to ``:budget`` fresh ones, probed as a fetch
     probes them, and up to ``:budget`` due ones), then each hint's first message in its batch below
     ``:horizon``."""
-    batch = _batch_sql("postgresql", mode, "c.hint").replace(f"{ENGINE_COLUMNS}, {_in_flight('postgresql', 'm')}",
-                                                             "m.created_at", 1)
+    batch = _batch_sql("postgresql", mode, columns="m.created_at", hint="c.hint")
     return text(
         f"""
         SELECT min(b.created_at) FROM unnest(CAST(:slots AS int[])) AS s(slot)
@@ -510,7 +540,10 @@ def _oldest_eligible_sql(mode: Mode) -> TextClause:
                  bindparam("per_hint", type_=Integer()))
 
 
+# The statements built so far, by dialect, name and variant: each is built once, and the same object is run again.
 _STATEMENTS: dict[tuple[str, str, object], TextClause] = {}
+
+
 def _statement(dialect: str, name: str, variant: object, build: Callable[[], TextClause]) -> TextClause:
     key = (dialect, name, variant)
     statement = _STATEMENTS.get(key)
@@ -522,19 +555,19 @@ def _statement(dialect: str, name: str, variant: object, build: Callable[[], Tex
 # The batches' statement runs its generic plan (see FetchStatements._batches), set for its transaction alone, and
 # that plan is made with sequential scans priced out: a fetch reaches every row it reads by an index, whatever the
 # statistics said when its plan was made. correlation_call above all is analyzed while it is nearly empty (between
-# two backlogs) and then holds a backlog's calls in flight: a plan made meanwhile probed it for each row read by
-# scanning all of it. As set_config calls, not SET LOCAL: in a pipeline without BEGIN, SET LOCAL works but warns.
+# two backlogs) and then holds a backlog's calls in flight: a plan that may scan it would scan all of it for each
+# row read. As set_config calls, not SET LOCAL: in a pipeline without BEGIN, SET LOCAL works but warns.
 _PIPELINE = psycopg.Pipeline.is_supported()
 _GENERIC_PLANS = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
                   "set_config('enable_seqscan', 'off', true)")
+
 
 def _rows_of_generic_plan(driver: Any, sql: str, params: dict[str, Any]) -> list[Any]:
     """The rows of a statement run with its generic plan, in one round trip and a transaction of its own (so
     that the setting ends with it whatever happens), on a connection in autocommit; else as it is.
 
-    For the batches' statement a plan made for the values at hand costs more to make (about half a millisecond
-    here) than the generic one costs to run, yet PostgreSQL's own choice stays with such plans when the batch
-    is one hint's.
+    For the batches' statement a plan made for the values at hand costs more to make than the generic one costs
+    to run, yet PostgreSQL's own choice stays with such plans when the batch is one hint's.
     """
     with driver.cursor(binary=True) as cursor:
         if not (_PIPELINE and driver.autocommit):
@@ -566,23 +599,26 @@ _DEAD_LETTER = text(
 # that row, then resumes what its pause parked, so a park either commits before the delete (and the lift resumes it)
 # or waits for the lift's commit and then finds no pause. Read from a snapshot alone, a pause being lifted would
 # still be seen and the message parked, after the lift's last sweep, by a pause that no longer exists: paused for good.
-_PARK = (
-    "UPDATE correlation_message SET state = 'paused', pause_id = :pause_id WHERE id = :id AND state = 'ready' "
-    "AND EXISTS (SELECT 1 FROM correlation_pause p WHERE p.id = :pause_id{lock})"
-)
-_PARK_BY_DIALECT = {"postgresql": text(_PARK.format(lock=" FOR KEY SHARE")), "sqlite": text(_PARK.format(lock=""))}
+def _park_sql(lock: str) -> TextClause:
+    """The park, the pause's row read with ``lock`` (a locking clause, or nothing)."""
+    return text(
+        "UPDATE correlation_message SET state = 'paused', pause_id = :pause_id WHERE id = :id AND state = 'ready' "
+        f"AND EXISTS (SELECT 1 FROM correlation_pause p WHERE p.id = :pause_id{lock})"
+    )
 
+
+_PARK_BY_DIALECT = {"postgresql": _park_sql(" FOR KEY SHARE"), "sqlite": _park_sql("")}
 
 
 # The batches' statement runs on a generic plan made at its first run on a connection and kept (see
-# _rows_of_generic_plan), until something invalidates it: a vacuum of the table, usually. Made while the table was
-# empty or nearly (a quiet queue whose successes are deleted, vacuumed so), that plan prices every path at nothing,
-# and it chose the primary key for the probes of each hint's batch: the next burst then drained at a few thousand
-# messages a second, each probe reading every row, until autovacuum came by again. Planning the statement at every
-# fetch instead costs about 1.5 ms a fetch (a wake-up's latency doubled). So a plan is kept for each size of the
-# table, as the previous fetch of the replica saw it on disk, by steps of a factor of 4 (PAGE_PLAN_SIZE_STEP bits):
-# the statement's text names its size class, and a table that grew past its class gets a statement of its own,
-# planned at its first run at that size. Only the fetch that first sees the growth runs the smaller table's plan.
+# _rows_of_generic_plan) until something invalidates it, a vacuum of the table usually. A plan made while the table
+# was empty or nearly (a quiet queue whose successes are deleted, vacuumed so) prices every path at nothing and can
+# take the primary key for the probes of each hint's batch, each probe then reading every row of a grown table.
+# Planning the statement at every fetch instead doubles a wake-up's latency (about 1.5 ms a fetch). So a plan is
+# kept for each size of the table, as the previous fetch of the replica saw it on disk, by steps of a factor of 4
+# (PAGE_PLAN_SIZE_STEP bits): the statement's text names its size class, and a table that grew past its class gets
+# a statement of its own, planned at its first run at that size. Only the fetch that first sees the growth runs
+# the smaller table's plan.
 PAGE_PLAN_SIZE_STEP = 2
 
 
@@ -829,8 +865,8 @@ class FetchStatements(StoreBase):
 
     def pauses_list(self) -> list[Pause]:
         """Every durable pause, oldest first. On PostgreSQL one autocommit statement run by the driver itself: the
-        engine reads the list once a second, and through a transaction of the general result machinery that
-        read was the largest part of an idle replica's CPU."""
+        engine reads the list once a second, and through a transaction of the general result machinery that read
+        would be the largest part of an idle replica's CPU."""
         if self.dialect == "postgresql":
             return self._driver_statements(lambda driver: [Pause(*row) for row in driver_rows(driver, _PAUSES_PG, {})])
         statement = select(pause_table).order_by(pause_table.c.id)

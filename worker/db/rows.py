@@ -61,13 +61,14 @@ def sqlite_time(value: Any) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
 
-# The engine's columns, payload and headers as JSON text (decoded here, row by row, so that one row the
-# driver could not decode never fails a whole page).
+# The engine's columns of correlation_message, in the order decode_row takes them. Those in TEXT_COLUMNS are read
+# as JSON text (decoded here, row by row, so that one row the driver could not decode never fails a whole page).
 ENGINE_COLUMNS = (
-    "m.id, m.message_id, m.message_name, m.correlation_hint, CAST(m.payload AS TEXT) AS payload, "
-    "CAST(m.headers AS TEXT) AS headers, m.created_at, m.time_to_live, m.expires_at, m.attempt, "
-    "m.next_attempt_at, m.reschedule_count, m.last_error, m.state, m.slot, m.lost_calls, m.crashed_calls"
+    "id", "message_id", "message_name", "correlation_hint", "payload", "headers", "created_at", "time_to_live",
+    "expires_at", "attempt", "next_attempt_at", "reschedule_count", "last_error", "state", "slot", "lost_calls",
+    "crashed_calls",
 )
+TEXT_COLUMNS = frozenset({"payload", "headers"})
 
 
 def decode_row(values: Sequence[Any], sqlite: bool) -> Message | Unreadable:
