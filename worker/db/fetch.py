@@ -486,8 +486,8 @@ def _page_marking_sql(mode: Mode, bounded: bool = True) -> str:
               FROM page WINDOW w AS (PARTITION BY page_turn ORDER BY id)
         ), heads AS MATERIALIZED (
             -- a run is as long as its first call's name says (as a lane sizes it), and starts at its batch's first
-            -- message; in one pass over the page (joined back to runs, this window was planned as a nested loop
-            -- computing it again for every row: quadratic in the page, 0.9 s for a page of 1 000 here)
+            -- message; in one pass over the page (joined back to runs, the window is planned as a nested loop
+            -- computing it again for every row: quadratic in the page)
             SELECT id, page_turn, place, stopped, again,
                    first_value(run) OVER w AS head_run, first_value(id) OVER w AS head_id
               FROM runs WINDOW w AS (PARTITION BY page_turn ORDER BY id)
