@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import ssl
 import threading
 import time
 import urllib.parse
@@ -52,7 +53,7 @@ class Answer:
 class LoopbackServer:
     """A threaded loopback HTTP server calling ``self.handle(method, path, body_bytes, headers)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.lock = threading.Lock()
         self.requests: list[Request] = []
         fake = self
@@ -81,6 +82,9 @@ class LoopbackServer:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:  # HTTPS, its certificate for localhost
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
+            self.url = f"https://localhost:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def handle(self, path: str, raw: bytes, headers: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
@@ -111,9 +115,9 @@ class FakeCamunda8(LoopbackServer):
     def __init__(
         self, *, auth: str = "NONE", client_id: str = "worker", client_secret: str = "s3cret-client",
         audience: str = "zeebe-api", token_lifetime: float = 60.0, username: str = "demo", password: str = "demo",
-        multi_tenancy: bool = False,
+        multi_tenancy: bool = False, tls: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(tls)
         self.auth = auth
         self.client_id, self.client_secret, self.audience = client_id, client_secret, audience
         self.username, self.password = username, password
@@ -263,8 +267,10 @@ class FakeCamunda7(LoopbackServer):
 
     MESSAGE = "/engine-rest/message"
 
-    def __init__(self, *, username: str | None = None, password: str | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self, *, username: str | None = None, password: str | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__(tls)
         self.username, self.password = username, password
         self.queued: list[Answer] = []
         self._ids = itertools.count(1)
@@ -329,3 +335,42 @@ class FakeCamunda7(LoopbackServer):
                 for i in matched
             ]
             return 200, results, {}
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """A throwaway CA, a server certificate for localhost and a client certificate it signed (PEM files)."""
+
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+    def server_context(self, *, client_certificates: bool) -> ssl.SSLContext:
+        """A server's TLS context; ``client_certificates``: it requires one the CA signed (mutual TLS)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.server_cert, self.server_key)
+        if client_certificates:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(self.ca)
+        return context
+
+
+def make_certificates(directory: str) -> Certificates:
+    """Certificates made by the openssl command, in ``directory``."""
+    import subprocess
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca")
+    for name, extension in (("server", "subjectAltName=DNS:localhost"), ("client", "extendedKeyUsage=clientAuth")):
+        run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        with open(f"{directory}/{name}.ext", "w") as file:
+            file.write(extension + "\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+    return Certificates(*(f"{directory}/{name}" for name in
+                          ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import stop_at_teardown
-from tests.engines import Answer, FakeCamunda8, problem
+from tests.engines import Answer, FakeCamunda8, make_certificates, problem
 from tests.unit.factories import message
 from worker.config import ConfigError, Settings
 from worker.correlators import Router
@@ -180,6 +180,34 @@ def test_connection_refused_and_timeouts_are_retries(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("CAMUNDA_REST_ADDRESS", address)
     with pytest.raises(Retry, match="failed"):
         correlator()(message(1))
+
+
+@pytest.mark.parametrize("client_certificate", [True, False])
+def test_mutual_tls_trusts_the_clusters_ca_and_presents_the_client_certificate_as_the_sdk_reads_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, client_certificate: bool
+) -> None:
+    """CAMUNDA_MTLS_* as the SDK reads them (a PEM inline or a path): the cluster's certificate is verified against
+    the CA given, the client certificate presented; a cluster that requires one the worker lacks refuses the call,
+    a retry, nothing correlated."""
+    certificates = make_certificates(str(tmp_path))
+    fake = FakeCamunda8(tls=certificates.server_context(client_certificates=True))
+    try:
+        for name, value in fake.env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("CAMUNDA_MTLS_CA_PATH", certificates.ca)
+        if client_certificate:
+            with open(certificates.client_cert) as file:
+                monkeypatch.setenv("CAMUNDA_MTLS_CERT", file.read())
+            monkeypatch.setenv("CAMUNDA_MTLS_KEY_PATH", certificates.client_key)
+        fake.wait_for("order.paid", "order-1")
+        if client_certificate:
+            assert "processInstanceKey" in answer(correlator()(message(1, "order-1")))
+        else:
+            with pytest.raises(Retry, match="failed"):
+                correlator()(message(1, "order-1"))
+            assert not fake.recorded(FakeCamunda8.CORRELATE)
+    finally:
+        fake.close()
 
 
 @pytest.mark.parametrize(

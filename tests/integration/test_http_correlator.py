@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.engines import Answer, FakeCamunda7, FakeCamunda8
+from tests.engines import Answer, FakeCamunda7, FakeCamunda8, make_certificates
 from tests.unit.factories import message
 from worker.config import ConfigError
 from worker.correlators import Router
@@ -323,3 +323,22 @@ def test_a_token_whose_lifetime_cannot_be_read_serves_one_call_only() -> None:
         assert issuer.token_requests == 2
     finally:
         issuer.close()
+
+
+def test_https_trusts_the_cas_python_trusts_and_refuses_a_certificate_it_cannot_verify(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target's certificate is checked against the CAs Python's default TLS context trusts (SSL_CERT_FILE
+    honoured); one signed by no CA trusted is a retry naming the problem, never a call made unverified."""
+    certificates = make_certificates(str(tmp_path))
+    engine = FakeCamunda7(tls=certificates.server_context(client_certificates=False))
+    try:
+        engine.wait_for("order.paid", "order-1")
+        with pytest.raises(Retry, match="certificate"):
+            HttpCorrelator(engine.rest, preset="camunda7")(message(1, "order-1"))
+        assert not engine.recorded(FakeCamunda7.MESSAGE), "nothing was sent over an unverified connection"
+        monkeypatch.setenv("SSL_CERT_FILE", certificates.ca)
+        outcome = HttpCorrelator(engine.rest, preset="camunda7")(message(1, "order-1"))
+        assert "processInstanceId" in (result_of(outcome) or "")
+    finally:
+        engine.close()

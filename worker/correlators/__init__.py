@@ -133,7 +133,7 @@ def _build(name: str, spec: str | Mapping[str, Any], destinations: dict[str, Any
         return LogCorrelator()
     if kind == "python":
         return _python(spec, setting)
-    # The network layer (aiohttp, the call loop) is imported by the routes that use it.
+    # The network layer (libcurl, the call loop) is imported by the routes that use it.
     if kind == "http":
         from worker.correlators.http import HttpCorrelator
 

@@ -18,8 +18,8 @@ a route may override ``url`` and ``tenant_id``. With a camunda8 route, a ``CAMUN
 SDK does not read (a misspelling: its setting would silently be the default) and an address that cannot be a REST
 base (not http(s), no host, a query or fragment the SDK would append ``/v2`` after) are ConfigErrors naming it.
 The requests go out on the process's call loop
-(:mod:`worker.correlators.network`: aiohttp, connections kept alive), not through the SDK's httpx client: a call
-then costs a tenth of the CPU, ``Retry-After`` and an empty 503 are read, and no back-pressure gate of the SDK
+(:mod:`worker.correlators.network`: libcurl, connections kept alive), not through the SDK's httpx client: a call
+then costs a fraction of the CPU, ``Retry-After`` and an empty 503 are read, and no back-pressure gate of the SDK
 blocks past the handler timeout. The bodies follow the REST contract (``name``, ``correlationKey``,
 ``variables``, ``tenantId``, ``messageId``, ``timeToLive``). One connection pool and one cached OAuth token per
 address and settings.
@@ -46,10 +46,10 @@ import difflib
 import json
 import os
 import re
-import ssl
 import threading
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -68,6 +68,7 @@ from worker.correlators.network import (
     NetworkCorrelator,
     Reply,
     TargetBusy,
+    Tls,
     destination_for,
     target_config,
 )
@@ -152,6 +153,23 @@ def cluster_for(url: str | None, timeout: float, setting: str) -> Cluster:
         return _clusters[key]
 
 
+def _tls(config: Any) -> Tls | None:
+    """The CAMUNDA_MTLS_* material as the SDK reads it (inline PEM before a path), or None when none is set."""
+
+    def pem(inline: str | None, path: str | None) -> str | None:
+        if inline:
+            return inline
+        return Path(path).read_text(encoding="utf-8") if path else None
+
+    tls = Tls(
+        ca=pem(config.CAMUNDA_MTLS_CA, config.CAMUNDA_MTLS_CA_PATH),
+        cert=pem(config.CAMUNDA_MTLS_CERT, config.CAMUNDA_MTLS_CERT_PATH),
+        key=pem(config.CAMUNDA_MTLS_KEY, config.CAMUNDA_MTLS_KEY_PATH),
+        passphrase=config.CAMUNDA_MTLS_KEY_PASSPHRASE or None,
+    )
+    return tls if tls.ca or tls.cert or tls.key else None
+
+
 def _build_cluster(url: str | None, timeout: float, setting: str) -> Cluster:
     try:
         from camunda_orchestration_sdk.runtime.configuration_resolver import (
@@ -190,7 +208,8 @@ def _build_cluster(url: str | None, timeout: float, setting: str) -> Cluster:
         if wrong is not None:
             raise ConfigError(f"invalid setting {variable}: {wrong}")
     try:
-        context: ssl.SSLContext | None = build_ssl_context(config)
+        build_ssl_context(config)  # the SDK's own reading of the CAMUNDA_MTLS_* material: what it refuses, we do
+        tls = _tls(config)
     except Exception as error:  # unreadable certificates or key
         variable, problem = _sdk_problem(error)
         raise ConfigError(f"invalid setting {variable or 'CAMUNDA_MTLS_*'}: {problem}") from None
@@ -200,12 +219,12 @@ def _build_cluster(url: str | None, timeout: float, setting: str) -> Cluster:
             config.CAMUNDA_OAUTH_URL, config.CAMUNDA_CLIENT_ID or "", config.CAMUNDA_CLIENT_SECRET or "",
             audience=config.CAMUNDA_TOKEN_AUDIENCE,
             check="CAMUNDA_CLIENT_ID, CAMUNDA_CLIENT_SECRET, CAMUNDA_TOKEN_AUDIENCE and CAMUNDA_OAUTH_URL",
-            client=HttpClient(timeout, {"Accept": "application/json"}, context),
+            client=HttpClient(timeout, {"Accept": "application/json"}, tls),
         )
     elif config.CAMUNDA_AUTH_STRATEGY == "BASIC":
         pair = f"{config.CAMUNDA_BASIC_AUTH_USERNAME or ''}:{config.CAMUNDA_BASIC_AUTH_PASSWORD or ''}"
         auth = f"Basic {base64.b64encode(pair.encode()).decode()}"
-    return Cluster(config, HttpClient(timeout, {"Accept": "application/json"}, context), auth)
+    return Cluster(config, HttpClient(timeout, {"Accept": "application/json"}, tls), auth)
 
 
 def _given(variable: str, environment: Mapping[str, Any]) -> str:

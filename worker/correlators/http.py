@@ -9,7 +9,7 @@ retries too when the route authenticates (``auth``, or the ``camunda7`` preset),
 (:class:`~worker.policy.outcomes.AuthProblem`); any other 4xx is permanent. A 3xx is not followed: it is
 permanent, and its reason names the ``Location`` the endpoint pointed to.
 
-Requests go out on the process's call loop (aiohttp, connections kept alive), the body encoded once.
+Requests go out on the process's call loop (libcurl, connections kept alive), the body encoded once.
 
 The ``camunda7`` preset speaks the message-correlation API of Camunda 7 / Operaton (``POST {url}/message``, with
 ``resultEnabled``): the matched process instance id is the result; its 400 "no process definition or execution

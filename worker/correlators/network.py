@@ -2,8 +2,9 @@
 process, an HTTP client per destination with its connections kept alive, and each destination's state.
 
 Calls to engines wait on the network, not on the interpreter: they run as coroutines on one event loop (uvloop
-where it is installed) with aiohttp's client, so 32 calls in flight cost one thread, not 32 contending for the
-interpreter lock between socket operations. The engine's lanes run there too (:mod:`worker.engine.lanes`).
+where it is installed) with libcurl's multi interface doing each request's protocol work in C: 32 calls in flight
+cost one thread, not 32 contending for the interpreter lock between socket operations, and a call costs the loop
+a few dozen microseconds of Python. The engine's lanes run there too (:mod:`worker.engine.lanes`).
 
 A *destination* is where a route's calls go (its URL, or an engine's REST address; routes naming the same one
 share it). It holds the target's circuit and concurrency limit (:mod:`worker.policy.targets`): a correlator
@@ -17,18 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 import threading
 import traceback
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlencode, urlsplit
 
 from worker.config import ConfigError, parse_duration
 from worker.message import Message
 from worker.policy.outcomes import Result, Retry
 from worker.policy.targets import TargetConfig, TargetState
-from worker.redact import redact_text
+from worker.redact import redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -252,69 +255,298 @@ class Reply:
         return self.body.decode("utf-8", "replace")
 
 
-class HttpClient:
-    """An aiohttp session (made on the call loop at its first request): connections kept alive, no cookies, no
-    redirects followed, every failure raised as an outcome naming ``shown``."""
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """TLS material of a destination beyond the defaults (PEM text): a CA to trust besides the system's, and a
+    client certificate and key (mutual TLS)."""
 
-    def __init__(
-        self, timeout: float, headers: Mapping[str, str] | None = None, ssl_context: ssl.SSLContext | None = None
-    ) -> None:
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    passphrase: str | None = None
+
+
+class _Headers(dict[str, str]):
+    """A reply's headers, looked up whatever their case (the last of a repeated header wins)."""
+
+    def __init__(self, lines: list[bytes]) -> None:
+        super().__init__()
+        for line in lines:
+            name, colon, value = line.decode("latin-1").partition(":")
+            if colon:
+                super().__setitem__(name.strip().lower(), value.strip())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and super().__contains__(key.lower())
+
+
+# libcurl's errors that say the target is not there (a name that does not resolve, refused, reset, closed with no
+# answer): the target's failure, not the message's. Any other (a timeout among them) may have reached it.
+_NOT_THERE = frozenset({5, 6, 7, 35, 52, 55, 56})
+_TIMED_OUT = 28
+
+
+class _Transfers:
+    """libcurl's multi interface driven by the call loop: the sockets of every request in flight are watched by
+    the loop, libcurl does the protocol (in C), and each request's future is answered when its transfer ends.
+    Connections are kept alive in the multi handle's cache and reused by later requests."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        import pycurl
+
+        self.loop = loop
+        self.multi = pycurl.CurlMulti()
+        self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._socket)
+        self.multi.setopt(pycurl.M_TIMERFUNCTION, self._timer)
+        self._timeout: asyncio.TimerHandle | None = None
+        self._running: dict[Any, asyncio.Future[int]] = {}
+        self._pycurl = pycurl
+
+    def start(self, handle: Any) -> asyncio.Future[int]:
+        """Start a prepared transfer; its future's result is the answer's status (or it raises pycurl.error)."""
+        future = self.loop.create_future()
+        self._running[handle] = future
+        self.multi.add_handle(handle)
+        self._act(self._pycurl.SOCKET_TIMEOUT, 0)
+        return future
+
+    def cancel(self, handle: Any) -> None:
+        """Stop a transfer (its call was cancelled: a timeout, a stop)."""
+        if self._running.pop(handle, None) is not None:
+            self.multi.remove_handle(handle)
+
+    def _socket(self, what: int, sock: int, multi: Any, data: Any) -> None:
+        pycurl, loop = self._pycurl, self.loop
+        if what == pycurl.POLL_REMOVE:
+            loop.remove_reader(sock)
+            loop.remove_writer(sock)
+            return
+        if what in (pycurl.POLL_IN, pycurl.POLL_INOUT):
+            loop.add_reader(sock, self._act, sock, pycurl.CSELECT_IN)
+        else:
+            loop.remove_reader(sock)
+        if what in (pycurl.POLL_OUT, pycurl.POLL_INOUT):
+            loop.add_writer(sock, self._act, sock, pycurl.CSELECT_OUT)
+        else:
+            loop.remove_writer(sock)
+
+    def _timer(self, milliseconds: int) -> None:
+        if self._timeout is not None:
+            self._timeout.cancel()
+            self._timeout = None
+        if milliseconds >= 0:
+            self._timeout = self.loop.call_later(milliseconds / 1000, self._act, self._pycurl.SOCKET_TIMEOUT, 0)
+
+    def _act(self, sock: int, event: int) -> None:
+        self.multi.socket_action(sock, event)
+        while True:
+            queued, ended, failed = self.multi.info_read()
+            for handle in ended:
+                self._end(handle, None)
+            for handle, number, text in failed:
+                self._end(handle, self._pycurl.error(number, text))
+            if not queued:
+                return
+
+    def _end(self, handle: Any, error: BaseException | None) -> None:
+        self.multi.remove_handle(handle)
+        future = self._running.pop(handle, None)
+        if future is None or future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(handle.getinfo(self._pycurl.RESPONSE_CODE))
+
+    def close(self) -> None:
+        for handle in list(self._running):
+            self.cancel(handle)
+        if self._timeout is not None:
+            self._timeout.cancel()
+        self.multi.close()
+
+
+class HttpClient:
+    """An HTTP client for one destination on the call loop, by libcurl (its per-request work is C, not Python:
+    a few dozen microseconds of the loop's time a call): connections kept alive, no cookies, no redirects
+    followed, compressed answers decoded, every failure raised as an outcome naming ``shown``. Each request is a
+    client span carrying the call's trace context onward when tracing is on (:func:`trace_requests`)."""
+
+    def __init__(self, timeout: float, headers: Mapping[str, str] | None = None, tls: Tls | None = None) -> None:
         self.timeout = timeout
         self.headers = dict(headers or {})
-        self.ssl_context = ssl_context
-        self._session: Any = None
+        self.tls = tls
+        self._transfers: _Transfers | None = None
+        self._idle: list[Any] = []
 
-    def _open(self) -> Any:
-        import aiohttp
+    def _handle(self) -> Any:
+        """A transfer handle with this client's options (reused: its settings stay, its connection is pooled)."""
+        if self._idle:
+            return self._idle.pop()
+        import pycurl
 
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, ssl=self.ssl_context if self.ssl_context else True)
-            self._session = aiohttp.ClientSession(
-                connector=connector, headers=self.headers, cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=self.timeout), auto_decompress=True,
-            )
-        return self._session
+        handle = pycurl.Curl()
+        handle.setopt(pycurl.NOSIGNAL, 1)
+        handle.setopt(pycurl.TIMEOUT_MS, max(1, round(self.timeout * 1000)))
+        handle.setopt(pycurl.FOLLOWLOCATION, 0)
+        handle.setopt(pycurl.ACCEPT_ENCODING, "")  # every encoding libcurl decodes, announced and decoded
+        handle.setopt(pycurl.POST, 1)
+        # The CAs Python's default TLS context trusts (SSL_CERT_FILE / SSL_CERT_DIR honoured), and a destination's
+        # own CA besides them.
+        cafile, capath = _system_trust()
+        tls = self.tls
+        if tls is not None and tls.ca:
+            handle.setopt(pycurl.CAINFO_BLOB, (_read(cafile) + "\n" + tls.ca).encode())
+        elif cafile:
+            handle.setopt(pycurl.CAINFO, cafile)
+        if capath:
+            handle.setopt(pycurl.CAPATH, capath)
+        if tls is not None and tls.cert and tls.key:
+            handle.setopt(pycurl.SSLCERT_BLOB, tls.cert.encode())
+            handle.setopt(pycurl.SSLKEY_BLOB, tls.key.encode())
+            if tls.passphrase:
+                handle.setopt(pycurl.KEYPASSWD, tls.passphrase)
+        return handle
 
     async def post(
         self, url: str, shown: str, *, data: bytes | Mapping[str, str], headers: Mapping[str, str] | None = None
     ) -> Reply:
         """POST and read the answer; a connection failure is :class:`TargetUnavailable`, a timeout a
         :class:`~worker.policy.outcomes.Retry` (the target may have acted on it)."""
-        import aiohttp
+        import pycurl
 
-        session = self._open()
+        transfers = self._transfers
+        if transfers is None:
+            transfers = self._transfers = _Transfers(asyncio.get_running_loop())
+        sent = {**self.headers, **(headers or {})}
+        if not isinstance(data, bytes):
+            data = urlencode(data).encode()
+            sent.setdefault("Content-Type", "application/x-www-form-urlencoded")
+        span = _client_span(url, sent) if _tracer is not None else None
+        body = bytearray()
+        lines: list[bytes] = []
+
+        def write(chunk: bytes) -> None:
+            if len(body) <= BODY_LIMIT:
+                body.extend(chunk[: BODY_LIMIT + 1 - len(body)])
+
+        def header(line: bytes) -> None:
+            if line.startswith(b"HTTP/"):  # a new answer (after an interim 100): its own headers
+                lines.clear()
+            lines.append(line)
+
+        handle = self._handle()
+        handle.setopt(pycurl.URL, url)
+        handle.setopt(pycurl.POSTFIELDS, data)
+        handle.setopt(pycurl.HTTPHEADER, [f"{name}: {value}" for name, value in sent.items()] + ["Expect:"])
+        handle.setopt(pycurl.WRITEFUNCTION, write)
+        handle.setopt(pycurl.HEADERFUNCTION, header)
         try:
-            async with session.post(url, data=data, headers=headers, allow_redirects=False) as response:
-                body = bytearray()  # read() returns what has come so far: up to the limit, or the end
-                while len(body) <= BODY_LIMIT and (chunk := await response.content.read(BODY_LIMIT + 1 - len(body))):
-                    body += chunk
-                truncated = len(body) > BODY_LIMIT
-                return Reply(response.status, response.headers, bytes(body[:BODY_LIMIT]), truncated)
-        except TimeoutError as error:
-            raise Retry(f"POST {shown} timed out after {self.timeout:g}s{_said(error)}") from None
-        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, ConnectionError) as error:  # not there
-            raise TargetUnavailable(f"POST {shown} failed: {redact_text(_describe(error))}") from None
-        except aiohttp.ClientError as error:
-            raise Retry(f"POST {shown} failed: {redact_text(_describe(error))}") from None
+            status = await transfers.start(handle)
+        except pycurl.error as error:
+            number, text = error.args[0], str(error.args[1]) if len(error.args) > 1 else ""
+            _end_span(span, None, error)
+            if number == _TIMED_OUT:
+                raise Retry(f"POST {shown} timed out after {self.timeout:g}s") from None
+            if number in _NOT_THERE:
+                raise TargetUnavailable(f"POST {shown} failed: {redact_text(_said_by_curl(text))}") from None
+            raise Retry(f"POST {shown} failed: {redact_text(_said_by_curl(text))}") from None
+        except BaseException:
+            transfers.cancel(handle)
+            _end_span(span, None, None)
+            raise
+        finally:
+            handle.setopt(pycurl.WRITEFUNCTION, _discard)
+            handle.setopt(pycurl.HEADERFUNCTION, _discard)
+        self._idle.append(handle)
+        _end_span(span, status, None)
+        truncated = len(body) > BODY_LIMIT
+        return Reply(status, _Headers(lines), bytes(body[:BODY_LIMIT]), truncated)
 
     async def close(self) -> None:
-        """Close the session's connections."""
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+        """Close the client's connections."""
+        if self._transfers is not None:
+            self._transfers.close()
+            self._transfers = None
+        for handle in self._idle:
+            handle.close()
+        self._idle.clear()
 
 
-def _describe(error: BaseException) -> str:
-    """What failed, in the system's words where it said them (``connection refused``)."""
-    cause = getattr(error, "os_error", None) or (error if isinstance(error, OSError) else None)
-    if isinstance(cause, OSError) and cause.strerror:
-        return cause.strerror.lower()
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+def _discard(data: bytes) -> None:
+    """A finished transfer's callbacks: nothing is kept of a handle's last request."""
 
 
-def _said(error: BaseException) -> str:
-    text = str(error)
-    return f" ({redact_text(text)})" if text else ""
+def _system_trust() -> tuple[str | None, str | None]:
+    """The CA file and directory Python's default TLS context trusts, where they exist."""
+    paths = ssl.get_default_verify_paths()
+    cafile = next((path for path in (paths.cafile, paths.openssl_cafile) if path and os.path.isfile(path)), None)
+    capath = next((path for path in (paths.capath, paths.openssl_capath) if path and os.path.isdir(path)), None)
+    return cafile, capath
+
+
+def _read(path: str | None) -> str:
+    if not path:
+        return ""
+    with open(path, encoding="ascii", errors="replace") as file:
+        return file.read()
+
+
+def _said_by_curl(text: str) -> str:
+    """libcurl's words for a failure, in the system's where it quotes them (``connection refused``)."""
+    for words in ("Connection refused", "Connection reset by peer", "Could not resolve host",
+                  "Empty reply from server"):
+        if words in text:
+            return words.lower()
+    return text or "the transfer failed"
+
+
+# -- client spans ----------------------------------------------------------------------------------------------
+
+_tracer: Any = None  # the tracer of the requests' client spans (None: tracing off)
+_inject: Callable[..., None] | None = None
+
+
+def trace_requests(tracer: Any, inject: Callable[..., None]) -> None:
+    """Make every request of the network correlators a client span (child of the current span, the call's) and
+    carry its context to the target (``traceparent``, by ``inject``)."""
+    global _tracer, _inject
+    _tracer, _inject = tracer, inject
+
+
+def _client_span(url: str, headers: dict[str, str]) -> Any:
+    from opentelemetry.trace import SpanKind, set_span_in_context
+
+    parts = urlsplit(url)
+    span = _tracer.start_span(
+        "POST", kind=SpanKind.CLIENT,
+        attributes={"http.request.method": "POST", "url.full": redact_url(url), "server.address": parts.hostname or "",
+                    "server.port": parts.port or (443 if parts.scheme == "https" else 80)},
+    )
+    if _inject is not None:
+        _inject(headers, context=set_span_in_context(span))
+    return span
+
+
+def _end_span(span: Any, status: int | None, error: BaseException | None) -> None:
+    if span is None:
+        return
+    from opentelemetry.trace import Status, StatusCode
+
+    if status is not None:
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+    elif error is not None:
+        span.set_attribute("error.type", type(error).__name__)
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+    span.end()
 
 
 class NetworkCorrelator:

@@ -13,8 +13,8 @@ the last spans get :data:`SHUTDOWN_BOUND` seconds to leave.
 - A W3C ``traceparent`` (and ``tracestate``) in the message's ``headers`` is the producer's context: linked to the
   call span by default, or its parent with ``CORRELATION_TRACING__PRODUCER_CONTEXT=parent``. A message delivered
   again links to the same producer.
-- The aiohttp client is instrumented: the http, camunda7 and camunda8 correlators' requests are ``CLIENT`` spans
-  under the call span and carry its ``traceparent`` onward.
+- The http, camunda7 and camunda8 correlators' requests are ``CLIENT`` spans under the call span and carry its
+  ``traceparent`` onward.
 - A schedule's fire is a ``PRODUCER`` span ``publish <message_name>`` whose context the message carries.
 - Log lines written while a span is current carry ``trace_id`` and ``span_id``.
 """
@@ -269,14 +269,11 @@ class Tracing:
         return tracing
 
     def instrument_client(self) -> None:
-        """Client spans for every request of the network correlators (aiohttp), carrying the current context
-        onward (``traceparent``)."""
-        try:
-            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
-        except ImportError:
-            logger.warning("opentelemetry-instrumentation-aiohttp-client is missing: engine calls get no client spans")
-            return
-        AioHttpClientInstrumentor().instrument(tracer_provider=self.provider)
+        """Client spans for every request of the network correlators, carrying the current context onward
+        (``traceparent``)."""
+        from worker.correlators.network import trace_requests
+
+        trace_requests(self.tracer, self._inject)
 
     def producer(self, message: Message) -> Any:
         """The producer's span context from the message's ``traceparent`` header, or None."""
