@@ -218,6 +218,7 @@ class _Run:
     ticket: MarkTicket | None = None  # its marks, once asked for (by its lane, ahead by another, or by the fetch)
     marked: bool = False
     room: _Room | None = None  # its call slot at its network target (None: a Python correlator's run)
+    key: str | None = None  # its network destination's key (None: a Python correlator's run)
     lone: bool = False  # its call is of a message lost once: it waits at the gate to be called alone
     alone: bool = False  # marked as the only run of the replica (no call given up on still running either)
     index: int = 0  # the position of the call being made
@@ -335,6 +336,7 @@ class Lanes:
             destination.key: destination.bind(self.concurrency) for destination in router.destinations()
         }
         self._shown = {destination.key: destination.shown for destination in router.destinations()}
+        self._answer_metrics: dict[tuple[str, Answer], tuple[Any, Any]] = {}
         for key, target in self._targets.items():
             self.metrics.target_open.labels(self._shown[key]).set(0)
             self.metrics.target_limit.labels(self._shown[key]).set(target.allowed())
@@ -549,7 +551,9 @@ class Lanes:
                     else:
                         work.running = True
                         run = [work.pending.popleft() for _ in ticket.calls]
-                        self._ahead.append(_Run(work, run, ticket=ticket))
+                        destination = self._destination(run[0].name)
+                        key = None if destination is None else destination.key
+                        self._ahead.append(_Run(work, run, ticket=ticket, key=key))
                 self._notify_work(len(works))
                 if self._ahead and self._alone_waiting:  # lanes at the gate step aside for them
                     self._notify_gate()
@@ -814,7 +818,7 @@ class Lanes:
             if calls and self._destination(work.pending[0].name) is not destination:
                 break
             calls.append(work.pending.popleft())
-        return _Run(work, calls, lone=head.redelivered)
+        return _Run(work, calls, key=None if destination is None else destination.key, lone=head.redelivered)
 
     @staticmethod
     def _put_back(run: _Run) -> None:
@@ -1054,12 +1058,7 @@ class Lanes:
         target = self._targets[key]
         if target.circuit is not Circuit.CLOSED:
             return False
-        ahead = 0
-        for item in self._ahead:
-            destination = self._destination(item.calls[0].name)
-            if destination is not None and destination.key == key:
-                ahead += 1
-        return ahead < target.allowed()
+        return sum(1 for item in self._ahead if item.key == key) < target.allowed()
 
     # -- the calls of a run -----------------------------------------------------------------------------------
 
@@ -1233,10 +1232,11 @@ class Lanes:
             error = interpret_return(returned)
         answer = answer_of(error)
         now = self._monotonic()
-        self.metrics.target_answers.labels(destination.shown, str(answer)).inc()
+        answers, limit = self._target_gauges(destination.shown, answer)
+        answers.inc()
         with self._lock:
             transition = target.answered(answer, message.id, now, first_line(error) if error else "", room.number)
-            self.metrics.target_limit.labels(destination.shown).set(target.allowed())
+            limit.set(target.allowed())
         if transition is not None:
             self._transition(destination, target, transition)
         if answer in (Answer.UNAVAILABLE, Answer.BUSY):
@@ -1247,6 +1247,15 @@ class Lanes:
             logger.debug("message %s held for %.1fs: %s", message.id, rest, first_line(error), extra=_fields(message))
             return error, None, "held"
         return error, (result_of(returned) if error is None else None), None
+
+    def _target_gauges(self, shown: str, answer: Answer) -> tuple[Any, Any]:
+        """A destination's answer counter and limit gauge (looked up once: a call is too frequent for labels())."""
+        found = self._answer_metrics.get((shown, answer))
+        if found is None:
+            found = self._answer_metrics[(shown, answer)] = (
+                self.metrics.target_answers.labels(shown, str(answer)), self.metrics.target_limit.labels(shown)
+            )
+        return found
 
     def _rest_for(self, error: TargetUnavailable, target: TargetState, message: Message, now: float) -> float:
         """How long a hint whose call the target refused rests: its Retry-After (no longer than the backoff's
