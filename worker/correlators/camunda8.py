@@ -97,10 +97,10 @@ class Cluster:
         self.client = client
         self.auth = auth
 
-    async def authorization(self) -> str | None:
+    def authorization(self) -> str | None:
         """The Authorization header of a request (None without authentication)."""
         if isinstance(self.auth, ClientCredentials):
-            return await self.auth.aheader()
+            return self.auth.header()
         return self.auth
 
 
@@ -336,15 +336,15 @@ class Camunda8Correlator(NetworkCorrelator):
         """The publication's id: the row's ``message_id``, else one derived from the row (stable across retries)."""
         return message.message_id or f"correlation-worker-{message.id}"
 
-    async def call(self, message: Message) -> Result:
+    def call(self, message: Message) -> Result:
         """Send the message; the keys Camunda answers are the result. Raise an outcome unless it succeeded."""
         body = self.body(message)
         content = encode(body)
-        response, sent = await self._post(content)
+        response, sent = self._post(content)
         if response.status == 401 and isinstance(self.cluster.auth, ClientCredentials):
             # The token may have been revoked or expired early: a new one, once.
             self.cluster.auth.forget(sent)
-            response, _ = await self._post(content)
+            response, _ = self._post(content)
         status = response.status
         if 200 <= status < 300:
             return Result(self._result(response, body))
@@ -383,13 +383,13 @@ class Camunda8Correlator(NetworkCorrelator):
             raise Retry(f"POST {self.shown_url} answered {status}{waits}: {said}", after=after)
         raise PermanentError(f"POST {self.shown_url} answered {status}: {said}")
 
-    async def _post(self, content: bytes) -> tuple[Reply, str]:
+    def _post(self, content: bytes) -> tuple[Reply, str]:
         """The answer, and the Authorization header sent (a refused token is forgotten by it)."""
         headers = {"Content-Type": "application/json"}
-        authorization = await self.cluster.authorization()
+        authorization = self.cluster.authorization()
         if authorization:
             headers["Authorization"] = authorization
-        reply = await self.cluster.client.post(self.url, self.shown_url, data=content, headers=headers)
+        reply = self.cluster.client.post(self.url, self.shown_url, data=content, headers=headers)
         return reply, authorization or ""
 
     def _result(self, response: Reply, body: Mapping[str, Any]) -> dict[str, Any]:

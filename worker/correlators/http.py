@@ -9,7 +9,8 @@ retries too when the route authenticates (``auth``, or the ``camunda7`` preset),
 (:class:`~worker.policy.outcomes.AuthProblem`); any other 4xx is permanent. A 3xx is not followed: it is
 permanent, and its reason names the ``Location`` the endpoint pointed to.
 
-Requests go out on the process's call loop (libcurl, connections kept alive), the body encoded once.
+Requests are made by libcurl on the lane's thread (connections kept alive, the thread released from the interpreter
+lock while it waits), the body encoded once.
 
 The ``camunda7`` preset speaks the message-correlation API of Camunda 7 / Operaton (``POST {url}/message``, with
 ``resultEnabled``): the matched process instance id is the result; its 400 "no process definition or execution
@@ -31,10 +32,10 @@ with, optionally, the destination's settings (:func:`worker.correlators.network.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -53,7 +54,6 @@ from worker.correlators.network import (
     TargetBusy,
     TargetUnavailable,
     destination_for,
-    shared_loop,
     target_config,
 )
 from worker.message import Message, thaw
@@ -89,34 +89,28 @@ class ClientCredentials:
             self._form["audience"] = audience
         self._client = client or HttpClient(10.0, {"Accept": "application/json"})
         self._clock = clock
-        self._lock: asyncio.Lock | None = None  # made on the call loop
+        self._lock = threading.Lock()  # one token fetch at a time; the lanes' threads share the token
         self._token: str | None = None
         self._expires = 0.0
 
-    async def aheader(self) -> str:
+    def header(self) -> str:
         """``Bearer <token>``: the cached token, or a new one when it is (nearly) expired."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        with self._lock:
             now = self._clock()
             if self._token is None or now >= self._expires:
-                self._token, lifetime = await self._fetch()
+                self._token, lifetime = self._fetch()
                 self._expires = now + max(lifetime - min(TOKEN_SKEW, lifetime / 10), 0.0)
             return f"Bearer {self._token}"
-
-    def header(self) -> str:
-        """:meth:`aheader` from a thread other than the call loop's."""
-        return shared_loop().run(self.aheader())
 
     def forget(self, header: str) -> None:
         """The endpoint refused the token of ``header``: the next call fetches a new one."""
         if header == f"Bearer {self._token}":
             self._token = None
 
-    async def _fetch(self) -> tuple[str, float]:
+    def _fetch(self) -> tuple[str, float]:
         shown = redact_url(self.token_url)
         try:
-            response = await self._client.post(self.token_url, f"the token endpoint {shown}", data=self._form)
+            response = self._client.post(self.token_url, f"the token endpoint {shown}", data=self._form)
         except Retry as error:  # unreachable or timed out: the call is tried again later
             raise Retry(str(error)) from None
         if response.status in (400, 401, 403):  # RFC 6749 §5.2: invalid_client, unauthorized_client, ...
@@ -137,9 +131,9 @@ class ClientCredentials:
         # An unreadable lifetime (NaN, infinite) would keep the token forever: it is used for this call only.
         return token, lifetime if math.isfinite(lifetime) else 0.0
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         """Close the token endpoint's connections."""
-        await self._client.close()
+        self._client.close()
 
 
 Auth = str | ClientCredentials | None
@@ -401,17 +395,17 @@ class HttpCorrelator(NetworkCorrelator):
             destination=destination,
         )
 
-    async def call(self, message: Message) -> Result:
+    def call(self, message: Message) -> Result:
         """POST the message; its answer's JSON is the result. Raise an outcome unless the answer is 2xx."""
         if self.preset == "camunda7":
             body = camunda7_body(message, correlate_all=self.correlate_all, without_tenant=self.without_tenant)
         else:
             body = generic_body(message)
         content = encode(body)
-        response, sent = await self._post(content)
+        response, sent = self._post(content)
         if response.status == 401 and isinstance(self.auth, ClientCredentials):
             self.auth.forget(sent)
-            response, _ = await self._post(content)  # once, with a new token
+            response, _ = self._post(content)  # once, with a new token
         status = response.status
         if 200 <= status < 300:
             answer = _json_result(response)
@@ -441,21 +435,21 @@ class HttpCorrelator(NetworkCorrelator):
             )
         raise PermanentError(f"POST {self.shown_url} answered {status}: {head}")
 
-    async def _post(self, content: bytes) -> tuple[Reply, str]:
+    def _post(self, content: bytes) -> tuple[Reply, str]:
         """The answer, and the Authorization header sent (a refused token is forgotten by it)."""
         headers = {"Content-Type": "application/json"}
         if isinstance(self.auth, ClientCredentials):
-            headers["Authorization"] = await self.auth.aheader()
+            headers["Authorization"] = self.auth.header()
         elif self.auth is not None:
             headers["Authorization"] = self.auth
-        reply = await self.client.post(self.url, self.shown_url, data=content, headers=headers)
+        reply = self.client.post(self.url, self.shown_url, data=content, headers=headers)
         return reply, headers.get("Authorization", "")
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         """Close the connections."""
-        await self.client.close()
+        self.client.close()
         if isinstance(self.auth, ClientCredentials):
-            await self.auth.aclose()
+            self.auth.close()
 
 
 def camunda7_result(answer: object) -> dict[str, Any] | None:

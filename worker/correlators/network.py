@@ -1,10 +1,11 @@
-"""The call layer of network targets (``http``, its ``camunda7`` preset, ``camunda8``): one event loop for the
-process, an HTTP client per destination with its connections kept alive, and each destination's state.
+"""The call layer of network targets (``http``, its ``camunda7`` preset, ``camunda8``): the process's event loop
+(where the lanes run), an HTTP client per destination with its connections kept alive, and each destination's
+state.
 
-Calls to engines wait on the network, not on the interpreter: they run as coroutines on one event loop (uvloop
-where it is installed) with libcurl's multi interface doing each request's protocol work in C: 32 calls in flight
-cost one thread, not 32 contending for the interpreter lock between socket operations, and a call costs the loop
-a few dozen microseconds of Python. The engine's lanes run there too (:mod:`worker.engine.lanes`).
+A request is made by libcurl on the thread of the lane's run (:mod:`worker.engine.lanes`), as a Python
+correlator's call is: libcurl does the protocol in C and waits for the answer with the interpreter lock released,
+so 32 calls in flight cost 32 waiting threads and a few dozen microseconds of Python each, not a share of one
+loop thread's time (a pure-Python client, on threads or on a loop, costs several times that).
 
 A *destination* is where a route's calls go (its URL, or an engine's REST address; routes naming the same one
 share it). It holds the target's circuit and concurrency limit (:mod:`worker.policy.targets`): a correlator
@@ -21,15 +22,17 @@ import logging
 import os
 import ssl
 import threading
+import time
 import traceback
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
-from worker.config import ConfigError, parse_duration
+from worker.config import ConfigError, format_duration, parse_duration
 from worker.message import Message
-from worker.policy.outcomes import Result, Retry
+from worker.policy.outcomes import HandlerTimeout, Result, Retry
 from worker.policy.targets import TargetConfig, TargetState
 from worker.redact import redact_text, redact_url
 
@@ -266,134 +269,50 @@ class Tls:
     passphrase: str | None = None
 
 
-class _Headers(dict[str, str]):
-    """A reply's headers, looked up whatever their case (the last of a repeated header wins)."""
-
-    def __init__(self, lines: list[bytes]) -> None:
-        super().__init__()
-        for line in lines:
-            name, colon, value = line.decode("latin-1").partition(":")
-            if colon:
-                super().__setitem__(name.strip().lower(), value.strip())
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return super().get(key.lower(), default)
-
-    def __getitem__(self, key: str) -> str:
-        return super().__getitem__(key.lower())
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and super().__contains__(key.lower())
-
-
 # libcurl's errors that say the target is not there (a name that does not resolve, refused, reset, closed with no
 # answer): the target's failure, not the message's. Any other (a timeout among them) may have reached it.
 _NOT_THERE = frozenset({5, 6, 7, 35, 52, 55, 56})
 _TIMED_OUT = 28
 
+_calls = threading.local()  # the deadline of the call a thread makes (see call_deadline)
 
-class _Transfers:
-    """libcurl's multi interface driven by the call loop: the sockets of every request in flight are watched by
-    the loop, libcurl does the protocol (in C), and each request's future is answered when its transfer ends.
-    Connections are kept alive in the multi handle's cache and reused by later requests."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        import pycurl
-
-        self.loop = loop
-        self.multi = pycurl.CurlMulti()
-        self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._socket)
-        self.multi.setopt(pycurl.M_TIMERFUNCTION, self._timer)
-        self._timeout: asyncio.TimerHandle | None = None
-        self._running: dict[Any, asyncio.Future[int]] = {}
-        self._pycurl = pycurl
-
-    def start(self, handle: Any) -> asyncio.Future[int]:
-        """Start a prepared transfer; its future's result is the answer's status (or it raises pycurl.error)."""
-        future = self.loop.create_future()
-        self._running[handle] = future
-        self.multi.add_handle(handle)
-        self._act(self._pycurl.SOCKET_TIMEOUT, 0)
-        return future
-
-    def cancel(self, handle: Any) -> None:
-        """Stop a transfer (its call was cancelled: a timeout, a stop)."""
-        if self._running.pop(handle, None) is not None:
-            self.multi.remove_handle(handle)
-
-    def _socket(self, what: int, sock: int, multi: Any, data: Any) -> None:
-        pycurl, loop = self._pycurl, self.loop
-        if what == pycurl.POLL_REMOVE:
-            loop.remove_reader(sock)
-            loop.remove_writer(sock)
-            return
-        if what in (pycurl.POLL_IN, pycurl.POLL_INOUT):
-            loop.add_reader(sock, self._act, sock, pycurl.CSELECT_IN)
-        else:
-            loop.remove_reader(sock)
-        if what in (pycurl.POLL_OUT, pycurl.POLL_INOUT):
-            loop.add_writer(sock, self._act, sock, pycurl.CSELECT_OUT)
-        else:
-            loop.remove_writer(sock)
-
-    def _timer(self, milliseconds: int) -> None:
-        if self._timeout is not None:
-            self._timeout.cancel()
-            self._timeout = None
-        if milliseconds >= 0:
-            self._timeout = self.loop.call_later(milliseconds / 1000, self._act, self._pycurl.SOCKET_TIMEOUT, 0)
-
-    def _act(self, sock: int, event: int) -> None:
-        self.multi.socket_action(sock, event)
-        while True:
-            queued, ended, failed = self.multi.info_read()
-            for handle in ended:
-                self._end(handle, None)
-            for handle, number, text in failed:
-                self._end(handle, self._pycurl.error(number, text))
-            if not queued:
-                return
-
-    def _end(self, handle: Any, error: BaseException | None) -> None:
-        self.multi.remove_handle(handle)
-        future = self._running.pop(handle, None)
-        if future is None or future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(handle.getinfo(self._pycurl.RESPONSE_CODE))
-
-    def close(self) -> None:
-        for handle in list(self._running):
-            self.cancel(handle)
-        if self._timeout is not None:
-            self._timeout.cancel()
-        self.multi.close()
+@contextlib.contextmanager
+def call_deadline(seconds: float) -> Iterator[None]:
+    """The requests this thread makes meanwhile end within ``seconds`` (a call's handler timeout): a request cut
+    short by it raises :class:`~worker.policy.outcomes.HandlerTimeout`."""
+    _calls.deadline = time.monotonic() + seconds
+    _calls.seconds = seconds
+    try:
+        yield
+    finally:
+        _calls.deadline = None
 
 
 class HttpClient:
-    """An HTTP client for one destination on the call loop, by libcurl (its per-request work is C, not Python:
-    a few dozen microseconds of the loop's time a call): connections kept alive, no cookies, no redirects
-    followed, compressed answers decoded, every failure raised as an outcome naming ``shown``. Each request is a
-    client span carrying the call's trace context onward when tracing is on (:func:`trace_requests`)."""
+    """An HTTP client for one destination, by libcurl: a request is made on the calling thread (a lane's), which
+    the interpreter lock is released for while libcurl does the protocol in C and waits for the answer; each thread
+    keeps its own connection alive. No cookies, no redirects followed, compressed answers decoded, every failure
+    raised as an outcome naming ``shown``. Each request is a client span carrying the call's trace context onward
+    when tracing is on (:func:`trace_requests`)."""
 
     def __init__(self, timeout: float, headers: Mapping[str, str] | None = None, tls: Tls | None = None) -> None:
         self.timeout = timeout
         self.headers = dict(headers or {})
         self.tls = tls
-        self._transfers: _Transfers | None = None
-        self._idle: list[Any] = []
+        self._local = threading.local()
+        self._handles: list[Any] = []  # every thread's handle, closed at close()
+        self._lock = threading.Lock()
 
     def _handle(self) -> Any:
-        """A transfer handle with this client's options (reused: its settings stay, its connection is pooled)."""
-        if self._idle:
-            return self._idle.pop()
+        """This thread's transfer handle with this client's options (its settings stay, its connection is kept)."""
+        handle = getattr(self._local, "handle", None)
+        if handle is not None:
+            return handle
         import pycurl
 
         handle = pycurl.Curl()
         handle.setopt(pycurl.NOSIGNAL, 1)
-        handle.setopt(pycurl.TIMEOUT_MS, max(1, round(self.timeout * 1000)))
         handle.setopt(pycurl.FOLLOWLOCATION, 0)
         handle.setopt(pycurl.ACCEPT_ENCODING, "")  # every encoding libcurl decodes, announced and decoded
         handle.setopt(pycurl.POST, 1)
@@ -412,71 +331,83 @@ class HttpClient:
             handle.setopt(pycurl.SSLKEY_BLOB, tls.key.encode())
             if tls.passphrase:
                 handle.setopt(pycurl.KEYPASSWD, tls.passphrase)
+        self._local.handle = handle
+        with self._lock:
+            self._handles.append(handle)
         return handle
 
-    async def post(
+    def post(
         self, url: str, shown: str, *, data: bytes | Mapping[str, str], headers: Mapping[str, str] | None = None
     ) -> Reply:
         """POST and read the answer; a connection failure is :class:`TargetUnavailable`, a timeout a
-        :class:`~worker.policy.outcomes.Retry` (the target may have acted on it)."""
+        :class:`~worker.policy.outcomes.Retry` (the target may have acted on it), or the call's
+        :class:`~worker.policy.outcomes.HandlerTimeout` when its deadline came first."""
         import pycurl
 
-        transfers = self._transfers
-        if transfers is None:
-            transfers = self._transfers = _Transfers(asyncio.get_running_loop())
         sent = {**self.headers, **(headers or {})}
         if not isinstance(data, bytes):
             data = urlencode(data).encode()
             sent.setdefault("Content-Type", "application/x-www-form-urlencoded")
+        timeout, handler = self.timeout, False
+        deadline = getattr(_calls, "deadline", None)
+        if deadline is not None and deadline - time.monotonic() < timeout:
+            timeout, handler = max(0.001, deadline - time.monotonic()), True
         span = _client_span(url, sent) if _tracer is not None else None
         body = bytearray()
-        lines: list[bytes] = []
 
         def write(chunk: bytes) -> None:
             if len(body) <= BODY_LIMIT:
                 body.extend(chunk[: BODY_LIMIT + 1 - len(body)])
 
-        def header(line: bytes) -> None:
-            if line.startswith(b"HTTP/"):  # a new answer (after an interim 100): its own headers
-                lines.clear()
-            lines.append(line)
-
         handle = self._handle()
         handle.setopt(pycurl.URL, url)
+        handle.setopt(pycurl.TIMEOUT_MS, max(1, round(timeout * 1000)))
         handle.setopt(pycurl.POSTFIELDS, data)
         handle.setopt(pycurl.HTTPHEADER, [f"{name}: {value}" for name, value in sent.items()] + ["Expect:"])
         handle.setopt(pycurl.WRITEFUNCTION, write)
-        handle.setopt(pycurl.HEADERFUNCTION, header)
         try:
-            status = await transfers.start(handle)
+            handle.perform()
         except pycurl.error as error:
             number, text = error.args[0], str(error.args[1]) if len(error.args) > 1 else ""
             _end_span(span, None, error)
+            if number == _TIMED_OUT and handler:
+                within = format_duration(timedelta(seconds=_calls.seconds))
+                raise HandlerTimeout(f"the correlator did not return within {within} (POST {shown})") from None
             if number == _TIMED_OUT:
                 raise Retry(f"POST {shown} timed out after {self.timeout:g}s") from None
             if number in _NOT_THERE:
                 raise TargetUnavailable(f"POST {shown} failed: {redact_text(_said_by_curl(text))}") from None
             raise Retry(f"POST {shown} failed: {redact_text(_said_by_curl(text))}") from None
-        except BaseException:
-            transfers.cancel(handle)
-            _end_span(span, None, None)
-            raise
         finally:
             handle.setopt(pycurl.WRITEFUNCTION, _discard)
-            handle.setopt(pycurl.HEADERFUNCTION, _discard)
-        self._idle.append(handle)
+        status = int(handle.getinfo(pycurl.RESPONSE_CODE))
         _end_span(span, status, None)
-        truncated = len(body) > BODY_LIMIT
-        return Reply(status, _Headers(lines), bytes(body[:BODY_LIMIT]), truncated)
+        return Reply(status, _answer_headers(handle, status), bytes(body[:BODY_LIMIT]), len(body) > BODY_LIMIT)
 
-    async def close(self) -> None:
-        """Close the client's connections."""
-        if self._transfers is not None:
-            self._transfers.close()
-            self._transfers = None
-        for handle in self._idle:
+    def close(self) -> None:
+        """Close the client's connections (every thread's)."""
+        with self._lock:
+            handles, self._handles = self._handles, []
+        for handle in handles:
             handle.close()
-        self._idle.clear()
+        self._local = threading.local()
+
+
+def _answer_headers(handle: Any, status: int) -> dict[str, str]:
+    """The answer's headers the correlators read, as libcurl parsed them: read after the transfer, so that no
+    header costs the thread the interpreter lock during it. ``Retry-After`` in seconds (an HTTP date converted;
+    ``0`` is left out), ``Location`` made absolute."""
+    import pycurl
+
+    headers = {}
+    kind = handle.getinfo(pycurl.CONTENT_TYPE)
+    if kind:
+        headers["Content-Type"] = str(kind)
+    if 300 <= status < 400 and (location := handle.getinfo(pycurl.REDIRECT_URL)):
+        headers["Location"] = str(location)
+    if after := handle.getinfo(pycurl.RETRY_AFTER):
+        headers["Retry-After"] = str(after)
+    return headers
 
 
 def _discard(data: bytes) -> None:
@@ -550,24 +481,17 @@ def _end_span(span: Any, status: int | None, error: BaseException | None) -> Non
 
 
 class NetworkCorrelator:
-    """A correlator whose calls go over the network: lanes await :meth:`call` on the call loop; called as a
-    plain function (embedding, tests) it runs there and waits."""
+    """A correlator whose calls go over the network: lanes call :meth:`call` on their threads, with the
+    destination's state (its circuit, its limit) kept around it."""
 
     destination: Destination
 
-    async def call(self, message: Message) -> Result:
+    def call(self, message: Message) -> Result:
         """Send one message; its answer is the result. Raises an outcome unless the target took it."""
         raise NotImplementedError
 
     def __call__(self, message: Message) -> Result:
-        return shared_loop().run(self.call(message))
-
-    async def aclose(self) -> None:
-        """Close the connections."""
+        return self.call(message)
 
     def close(self) -> None:
-        """Close the connections (from any thread but the loop's)."""
-        loop = shared_loop()
-        if not loop.in_loop():
-            loop.run(self.aclose(), timeout=5)
-
+        """Close the connections."""

@@ -6,10 +6,11 @@ Fetched hints wait in one rotation (first in, first out). Each lane takes the hi
 keeps a new hint (of any slot) waiting for more than one run. A hint is in the rotation or with one lane, never
 two: one hint never has two calls at once.
 
-The lanes are coroutines on one event loop (:class:`~worker.correlators.network.CallLoop`). A run to a network
-target (``http``, ``camunda7``, ``camunda8``) is awaited there, call by call, so calls in flight cost no thread;
-a run of a Python correlator is handed, whole, to a thread of its own (:class:`RunThreads`): Python handlers keep
-their threads, and a fast handler's calls follow one another with nothing in between.
+The lanes are coroutines on one event loop (:class:`~worker.correlators.network.CallLoop`): they take hints, wait
+at the gate, for marks and for room at a target. A run's calls are made, whole, on a thread of their own
+(:class:`RunThreads`): a Python handler's, and a network target's (``http``, ``camunda7``, ``camunda8``), whose
+requests libcurl makes with the interpreter lock released; a fast handler's calls follow one another with nothing
+in between.
 
 A run's calls are marked in flight (a row each in ``correlation_call``, through the committer) before the
 first starts, so a replica taking the slot over after this one died knows which calls were under way; a lane
@@ -36,10 +37,11 @@ from the innocent ones that happened to run beside it (:func:`worker.policy.outc
 
 Before each call the lane checks that the message has not expired (by the database clock), that no durable
 pause holds it back, and that the term the hint was fetched under still runs and stays safe for longer than the
-call may take. A network call past its handler timeout is cancelled and recorded as a timeout. A Python call
-past it is given up on by the watchdog: the outcome is recorded as a timeout, the hint stays busy until the call
-returns, and a new lane replaces the stuck one, up to ``concurrency`` stuck calls; past that the replica stops
-taking work and reports itself unhealthy so that its supervisor restarts it.
+call may take. A network call's requests end at its handler timeout, recorded as a timeout. A Python call past
+it (or a network call past it by :data:`NETWORK_GRACE`) is given up on by the watchdog: the outcome is recorded as
+a timeout, the hint stays busy until the call returns, and a new lane replaces the stuck one, up to
+``concurrency`` stuck calls; past that the replica stops taking work and reports itself unhealthy so that its
+supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -62,7 +64,14 @@ from sqlalchemy.exc import DBAPIError
 
 from worker.config import Mode, Policy, Settings, format_duration
 from worker.correlators import Correlator, Router
-from worker.correlators.network import CallLoop, Destination, TargetBusy, TargetUnavailable, shared_loop
+from worker.correlators.network import (
+    CallLoop,
+    Destination,
+    TargetBusy,
+    TargetUnavailable,
+    call_deadline,
+    shared_loop,
+)
 from worker.correlators.python import TransactionalCorrelator
 from worker.db.base import Fence
 from worker.db.calls import CallSession
@@ -96,6 +105,8 @@ WATCH_TICK_MAX = 1.0  # seconds between them at most: a twentieth of the shortes
 NAMES_TIMED = 256  # message names whose smoothed call time sizes their runs: the most recently called
 NAMES_CACHED = 4096  # message names whose policy, timeout and destination are kept looked up (then looked up anew)
 IDLE_MARGIN = 1.0  # seconds past its handler timeout that a transactional call's session may sit idle (frozen)
+# Seconds past its handler timeout that the watchdog gives a network call, which ends itself at its timeout.
+NETWORK_GRACE = 1.0
 ROW_HELD_REST = 1.0  # seconds a hint rests whose message row another session holds (a transactional call)
 # A hint whose message name the live replicas route differently rests until they agree (the board then fetches it
 # again at once; this bounds the rest should that wake-up be missed).
@@ -1008,10 +1019,7 @@ class Lanes:
         if not work.started:
             work.started = self._monotonic()
         self._mark_next()
-        if run.room is None:
-            await asyncio.wrap_future(self._threads.submit(lambda: self._calls_in_thread(lane, run)))
-        else:
-            await self._calls_on_loop(lane, run)
+        await asyncio.wrap_future(self._threads.submit(lambda: self._calls(lane, run)))
 
     def _mark_next(self) -> None:
         """While this lane calls, have the next runs of the rotation's front marked (:data:`AHEAD_PER_RUN`, up to
@@ -1062,12 +1070,10 @@ class Lanes:
 
     # -- the calls of a run -----------------------------------------------------------------------------------
 
-    def _calls(self, lane: _Lane, run: _Run, on_loop: bool
-               ) -> Generator[tuple[Message, Correlator | None], CallResult, None]:
-        """A run's calls in order, one step of each: yields the message to call (and its route), is sent what the
-        call came to, and decides it (``run.decided``); the outcomes collect on the run until its exit, which
-        takes back the marks of the calls a return here leaves undecided. Driven by the run's thread
-        (:meth:`_calls_in_thread`) or by its lane on the loop (:meth:`_calls_on_loop`)."""
+    def _calls(self, lane: _Lane, run: _Run) -> None:
+        """A run's calls in order, on the run's thread: each made and decided (``run.decided``); the outcomes
+        collect on the run until its exit, which takes back the marks of the calls a return here leaves
+        undecided."""
         work = run.work
         durations: list[float] = []
         try:
@@ -1092,8 +1098,9 @@ class Lanes:
                     self._give_back_until_renewed(work)
                     return
                 with self._lock:
-                    # A network call ends itself at its timeout; the watchdog looks after the threads' calls.
-                    run.deadline = float("inf") if on_loop else started + timeout
+                    # A network call ends itself at its timeout (its requests' deadline); the watchdog gives up on
+                    # any call past its own.
+                    run.deadline = started + timeout + (NETWORK_GRACE if run.room is not None else 0.0)
                     run.current = message
                 if message.redelivered:
                     self.metrics.redeliveries.inc()
@@ -1102,7 +1109,7 @@ class Lanes:
                         message.lost_calls, extra=_fields(message),
                     )
                 with self.tracing.call(message) if self.tracing else _NO_SPAN as span:
-                    error, result, status = yield message, self.router.route(message.name)
+                    error, result, status = self._make_call(run, message, self.router.route(message.name))
                     if status in ("fenced", "busy", "gone", "held", "unavailable"):
                         if span is not None:
                             span.outcome("not_called" if status != "held" else "held", error)
@@ -1168,66 +1175,37 @@ class Lanes:
             if durations:
                 self._observe(run.calls[0].name, durations)
 
-    def _calls_in_thread(self, lane: _Lane, run: _Run) -> None:
-        """A Python correlator's run, on its thread."""
-        steps = self._calls(lane, run, on_loop=False)
-        try:
-            message, correlator = next(steps)
-            while True:
-                if isinstance(correlator, TransactionalCorrelator):
-                    outcome = self._call_in_transaction(run, message, correlator)
-                else:
-                    error, result = self._call(message, correlator)
-                    outcome = (error, result, None)
-                message, correlator = steps.send(outcome)
-        except StopIteration:
-            pass
-        finally:
-            steps.close()
+    def _make_call(self, run: _Run, message: Message, correlator: Correlator | None) -> CallResult:
+        """One call of a run, by its route's kind."""
+        if run.room is not None:
+            return self._call_network(run, message, correlator, run.room)
+        if isinstance(correlator, TransactionalCorrelator):
+            return self._call_in_transaction(run, message, correlator)
+        error, result = self._call(message, correlator)
+        return error, result, None
 
-    async def _calls_on_loop(self, lane: _Lane, run: _Run) -> None:
-        """A network target's run, on the loop: each call awaited, cancelled at its handler timeout."""
-        assert run.room is not None
-        steps = self._calls(lane, run, on_loop=True)
-        try:
-            message, correlator = next(steps)
-            while True:
-                outcome = await self._call_network(run.work, message, correlator, run.room)
-                message, correlator = steps.send(outcome)
-        except StopIteration:
-            pass
-        finally:
-            steps.close()
-
-    async def _call_network(
-        self, work: HintWork, message: Message, correlator: Correlator | None, room: _Room
-    ) -> CallResult:
+    def _call_network(self, run: _Run, message: Message, correlator: Correlator | None, room: _Room) -> CallResult:
         """One call to a network target, and what its answer says of the target: a refusal that is the target's
-        is ``held`` (the hint rests until its Retry-After, or until the circuit may be tried again)."""
+        is ``held`` (the hint rests until its Retry-After, or until the circuit may be tried again). Its requests
+        end within the handler timeout."""
         destination = self._destination(message.name)
         call = getattr(correlator, "call", None)
         target = room.target
         if destination is None or call is None:  # its route changed kind meanwhile: called as a plain function
-            error, result = self._call(message, correlator)
-            return error, result, None
+            plain, result = self._call(message, correlator)
+            return plain, result, None
         if target.circuit is Circuit.OPEN:  # an earlier call of this run opened it: none goes there now
-            work.rest = (destination.key, target.retry_in(self._monotonic()))
+            run.work.rest = (destination.key, target.retry_in(self._monotonic()))
             self.metrics.target_held.labels(destination.shown, "open").inc()
             return None, None, "held"
-        timeout = self._timeout(message.name)
+        returned = None
         try:
-            async with asyncio.timeout(timeout):
-                returned = await call(message)
-        except TimeoutError:
-            error, returned = HandlerTimeout(
-                f"the correlator did not return within {format_duration(timedelta(seconds=timeout))}"
-            ), None
-        except asyncio.CancelledError:
-            raise
+            with call_deadline(self._timeout(message.name)):
+                returned = call(message)
         except (Retry, PermanentError, Reschedule) as outcome:  # the target's answer, in words: no frames kept
-            error, returned = outcome.with_traceback(None), None
+            error: BaseException | None = outcome.with_traceback(None)
         except BaseException as failure:  # any outcome, never a crash
-            error, returned = failure, None
+            error = failure
         else:
             error = interpret_return(returned)
         answer = answer_of(error)
@@ -1242,7 +1220,7 @@ class Lanes:
         if answer in (Answer.UNAVAILABLE, Answer.BUSY):
             assert isinstance(error, TargetUnavailable)
             rest = self._rest_for(error, target, message, now)
-            work.rest = (destination.key, rest)
+            run.work.rest = (destination.key, rest)
             self.metrics.target_held.labels(destination.shown, str(answer)).inc()
             logger.debug("message %s held for %.1fs: %s", message.id, rest, first_line(error), extra=_fields(message))
             return error, None, "held"
