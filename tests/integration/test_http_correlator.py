@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -15,7 +18,8 @@ from tests.unit.factories import message
 from worker.config import ConfigError
 from worker.correlators import Router
 from worker.correlators.http import ClientCredentials, HttpCorrelator, retry_after
-from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Retry, result_of
+from worker.correlators.network import call_deadline
+from worker.policy.outcomes import AuthProblem, HandlerTimeout, PermanentError, Reschedule, Retry, result_of
 
 
 class Target:
@@ -342,3 +346,20 @@ def test_https_trusts_the_cas_python_trusts_and_refuses_a_certificate_it_cannot_
         assert "processInstanceId" in (result_of(outcome) or "")
     finally:
         engine.close()
+
+
+def test_a_request_ends_at_its_calls_deadline_as_the_handler_timeout_it_is() -> None:
+    """The lanes give each network call its handler timeout as a deadline: a request still waiting then ends and is
+    the call's HandlerTimeout (a call may make two requests, a token's and its own); the route's own timeout is a
+    retry that says so."""
+    with socket.socket() as server:  # connections accepted by the kernel, never answered
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/x"
+        started = time.monotonic()
+        with call_deadline(0.3), pytest.raises(HandlerTimeout, match=r"did not return within PT0\.3S"):
+            HttpCorrelator(url, timeout=timedelta(seconds=5))(message(1))
+        assert time.monotonic() - started < 2
+        with call_deadline(5), pytest.raises(Retry, match=r"timed out after 0\.2s") as raised:
+            HttpCorrelator(url, timeout=timedelta(seconds=0.2))(message(1))
+        assert not isinstance(raised.value, HandlerTimeout)
