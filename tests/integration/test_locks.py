@@ -325,14 +325,14 @@ def test_a_flush_writes_the_outcomes_of_calls_still_marked_and_nothing_of_those_
 
 
 @pytest.mark.parametrize("adopted", [False, True], ids=["left-to-the-flush", "adopted-meanwhile"])
-def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_only_calls_it_took_out(
+def test_a_flush_waits_for_a_call_row_before_it_takes_a_message_row_and_writes_only_calls_still_marked(
     store: Store, pg_url: str, adopted: bool
 ) -> None:
-    """The group commit locks its message rows first, skipping those held elsewhere, then takes out their call rows,
-    waiting for a session that holds one. An adoption locks a slot's call rows first and skips the messages held
-    elsewhere, so neither waits for the other in a cycle: while the flush waits, the message is the flush's, and an
-    adoption leaves its call alone. A message is recorded only if the flush took its call out: a call counted
-    meanwhile is fenced off although its message row was locked."""
+    """The group commit locks its call rows first, waiting for a session that holds one, and only then its message
+    rows, skipping those held elsewhere. An adoption locks a slot's call rows first too, and skips the messages held
+    elsewhere, so neither waits for the other in a cycle: while the flush waits, it holds no message row, and the
+    session holding the call row may take the message. A message is recorded only if its call is still marked when
+    the flush gets the row: a call counted meanwhile is fenced off."""
     message_id = _one_message(store)
     fence = store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
@@ -356,7 +356,7 @@ def test_a_flush_holds_its_messages_while_it_waits_for_a_call_row_and_writes_onl
         assert flush.is_alive() and _blocked(pg_url), f"the flush should wait for the call row: {failed}"
         held = adoption.execute(text(
             "SELECT id FROM correlation_message WHERE id = :id FOR UPDATE SKIP LOCKED"), {"id": message_id}).all()
-        assert held == [], "the flush holds the message row while it waits"
+        assert held == [(message_id,)], "the flush holds the message row while it waits for the call row"
         if adopted:  # as if an adoption had counted the call meanwhile: its row gone
             adoption.execute(text("DELETE FROM correlation_call WHERE message_id = :id"), {"id": message_id})
         adoption.commit()

@@ -17,11 +17,15 @@ fetched (:mod:`worker.db.messages`), so it is never called twice at once, whatev
 outcome of a call whose message row another session holds locked is *deferred*: its row is marked
 ``returned`` (the call is over, so a crash now is not its doing) and the outcome is written later; nothing
 waits on that lock but the message's own hint.
+
+Every outcome is settled one way, the group commits of the committer and a transactional call's own transaction
+alike: :meth:`CallStatements._claim` takes the rows (in the one lock order it states), :meth:`CallStatements._settle`
+writes the outcomes and ends the calls' rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -30,6 +34,7 @@ import psycopg
 from sqlalchemy import Boolean, bindparam, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import TextClause
 
 from worker.db.base import Fence, driver_rows, int_array, text_array
 from worker.db.errors import DatabaseBusy, DatabaseUnavailable, LeaseLost, StoreError, translate
@@ -129,9 +134,9 @@ class Adoption:
 # term ended can commit after the next holder adopted the slot: its call never starts (the lane stops at its own
 # deadline, a safety margin before the term can end), and the holder's next adoption sweep counts it. A message
 # no longer ready (paused, deleted, made dead), moved to another hint since its fetch, or in flight under another
-# term is not marked; marking a call of the same term
-# again (a run put back in the rotation and taken up again) keeps its row. It answers the terms still running
-# and the calls *not* marked (usually none: the answer stays small however many calls are marked).
+# term is not marked; marking a call of the same term again (a run put back in the rotation and taken up again)
+# keeps its row. It answers the terms still running and the calls *not* marked (usually none: the answer stays
+# small however many calls are marked).
 _MARK_PG = text(
     """
     WITH fast AS (SELECT set_config('synchronous_commit', 'off', true) AS off),
@@ -144,8 +149,8 @@ _MARK_PG = text(
          CROSS JOIN fast
          WHERE l.lock_until > now()
     ), rows AS MATERIALIZED (
-        -- by primary key only: with the state in this WHERE, statistics taken while a backlog was paused (no row
-        -- ready) make a partial index on ready rows look cheapest, and each mark would scan all of it
+        -- by primary key only: with the state in this WHERE, statistics taken while no row is ready make the
+        -- partial index of ready rows look cheapest, and each mark would scan all of it
         SELECT id, state, correlation_hint FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))
     ), marked AS (
         INSERT INTO correlation_call (message_id, slot, fence, holder, run_head, state)
@@ -157,6 +162,7 @@ _MARK_PG = text(
          WHERE EXISTS (SELECT 1 FROM rows r WHERE r.id = v.id AND r.state = 'ready'
                           AND (v.hint IS NULL OR r.correlation_hint = v.hint))
            AND (v.slot, v.fence) IN (SELECT slot, fence FROM terms)
+         ORDER BY v.id  -- call rows are locked in ascending message id (see CallStatements._claim)
         ON CONFLICT (message_id) DO UPDATE SET state = excluded.state, run_head = excluded.run_head
          WHERE correlation_call.slot = excluded.slot AND correlation_call.fence = excluded.fence
            AND correlation_call.state IN ('called', 'alone')
@@ -188,43 +194,63 @@ _MARK_SQLITE = text(
     """
 )
 
-# Group commits of outcomes, a few statements in one transaction. Each reaches its rows through the primary key
-# with `= ANY(array)` and joins no CTE: the plans stay linear in the batch whatever the planner guesses of the
-# arrays (prepared statements run generic plans). The sets between them are worked out by the client.
-# The call rows of the batch, locked (a concurrent adoption of one waits, then finds it gone); the client keeps
-# those still under the term their outcome was made in.
+# Settling outcomes (:meth:`CallStatements._claim`, then :meth:`CallStatements._settle`). Each statement comes as
+# a pair: PostgreSQL's reaches the rows of the whole set through the primary key with `= ANY(array)` and joins no
+# CTE, so that its plan stays linear in the set whatever the planner guesses of the arrays (prepared statements
+# run generic plans); SQLite's takes one row (`:id`) at a time, inside a transaction that holds the database's
+# write lock. The sets between them are worked out by the client.
+
+# The call rows of the set, locked in ascending message id, whatever their term; the client keeps those still
+# under the term their outcome was made in.
 _CALLS_OF_PG = text(
     """
     SELECT array_agg(message_id), array_agg(slot), array_agg(fence)
       FROM (SELECT message_id, slot, fence FROM correlation_call
-             WHERE message_id = ANY(CAST(:ids AS bigint[])) FOR UPDATE) AS c
+             WHERE message_id = ANY(CAST(:ids AS bigint[])) ORDER BY message_id FOR UPDATE) AS c
     """
 )
+_CALL_OF_SQLITE = text("SELECT slot, fence FROM correlation_call WHERE message_id = :id")
 # Message rows locked, skipping those another session holds (their outcomes are deferred, never waited on).
-# A record (state 'delivered') is a message gone: no outcome is written on it.
+# A record (state 'delivered') is a message gone: no outcome is written on it. The ids come back as one array
+# (one row to read, whatever the size of the set).
 _LOCK_MESSAGES_PG = text(
-    "SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) AND state <> 'delivered' "
-    "FOR UPDATE SKIP LOCKED"
+    """
+    SELECT array_agg(id) FROM (SELECT id FROM correlation_message
+                                WHERE id = ANY(CAST(:ids AS bigint[])) AND state <> 'delivered'
+                                ORDER BY id FOR UPDATE SKIP LOCKED) AS m
+    """
 )
 _PRESENT_PG = text(
-    "SELECT id FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) AND state <> 'delivered'"
+    "SELECT array_agg(id) FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[])) AND state <> 'delivered'"
 )
+_PRESENT_ONE = text("SELECT id FROM correlation_message WHERE id = :id AND state <> 'delivered'")
+_Pair = tuple[TextClause, TextClause]  # a statement for a set of ids (PostgreSQL) and for one (SQLite)
+_LOCK_MESSAGES: _Pair = (_LOCK_MESSAGES_PG, _PRESENT_ONE)
+_PRESENT = (_PRESENT_PG, _PRESENT_ONE)
 _DELETE_MESSAGES_PG = text("DELETE FROM correlation_message WHERE id = ANY(CAST(:ids AS bigint[]))")
+_DELETE_MESSAGES = (_DELETE_MESSAGES_PG, text("DELETE FROM correlation_message WHERE id = :id"))
 # Correlated messages become their delivery records (schema revision 0010): the payload and headers go, the
-# outcome, the target's answer, the time and the replica stay.
+# outcome, the target's answer, the time the outcome was written and the replica stay.
 _RECORD_SET = """
     state = 'delivered', outcome = 'correlated', finished_at = {now}, finished_by = :by,
     payload = '{{}}', headers = '{{}}', expires_at = NULL, next_attempt_at = NULL, pause_id = NULL,
     lost_calls = 0, crashed_calls = 0"""
 _DELIVER_PG = text(
-    f"UPDATE correlation_message SET {_RECORD_SET.format(now='now()')} WHERE id = ANY(CAST(:ids AS bigint[]))"
+    f"UPDATE correlation_message SET {_RECORD_SET.format(now='statement_timestamp()')} "
+    "WHERE id = ANY(CAST(:ids AS bigint[]))"
 )
 _DELIVER_WITH_RESULTS_PG = text(
     f"""
-    UPDATE correlation_message AS m SET {_RECORD_SET.format(now='now()')}, result = CAST(v.result AS jsonb)
+    UPDATE correlation_message AS m SET {_RECORD_SET.format(now='statement_timestamp()')},
+           result = CAST(v.result AS jsonb)
       FROM unnest(CAST(:ids AS bigint[]), CAST(:results AS text[])) AS v(id, result)
      WHERE m.id = v.id AND m.id = ANY(CAST(:ids AS bigint[]))
     """
+)
+_DELIVER_SQLITE = text(
+    "UPDATE correlation_message SET "
+    + _RECORD_SET.format(now="strftime('%Y-%m-%d %H:%M:%f000', 'now')")
+    + ", result = :result WHERE id = :id"
 )
 # The other outcomes; a message an operator paused meanwhile stays paused.
 _UPDATE_MESSAGES_PG = text(
@@ -239,63 +265,31 @@ _UPDATE_MESSAGES_PG = text(
      WHERE m.id = v.id AND m.id = ANY(CAST(:u_ids AS bigint[]))
     """
 )
+_UPDATE_SQLITE = text(
+    """
+    UPDATE correlation_message
+       SET attempt = :attempt, next_attempt_at = :next_attempt_at, reschedule_count = :reschedule_count,
+           last_error = :last_error, state = CASE WHEN :dead THEN 'dead' ELSE state END,
+           lost_calls = 0, crashed_calls = 0
+     WHERE id = :id
+    """
+).bindparams(bindparam("next_attempt_at", type_=UtcDateTime()), bindparam("dead", type_=Boolean()))
+# How a settled call's row ends (locked already, and known to be of the outcome's term): released (the outcome is
+# written, or the message is gone, or the call was not made after all); returned (the call is over, its outcome
+# waits for its message row, held elsewhere); abandoned (given up on at shutdown: delivered again, never blamed).
 _RELEASE_CALLS_PG = text("DELETE FROM correlation_call WHERE message_id = ANY(CAST(:ids AS bigint[]))")
-# A call whose message row is held elsewhere keeps its row, marked returned, for a later flush.
 _RETURN_CALLS_PG = text(
     "UPDATE correlation_call SET state = 'returned' WHERE message_id = ANY(CAST(:ids AS bigint[]))"
 )
-
-# The common flush in one round trip, its own transaction: only successes, all of calls under terms, nothing to
-# unmark or abandon. The same steps as the statements above, as parts of one statement sharing its snapshot: the
-# calls still under the term their outcome was made in, read; their message rows locked, skipping those held
-# elsewhere; the calls of those locked and of those gone taken out (a call an adoption holds is waited for, and
-# found gone: fenced), and only the messages whose calls were taken out become their records (or leave); the calls
-# of the others still in the snapshot are marked returned (deferred). The message rows are locked before the call
-# rows and never waited for; an adoption, which locks the call rows first, never waits for a message row either
-# (it skips those held), so neither waits for the other in a cycle. A call row is deleted once, not locked first.
-_FLUSH_SUCCESSES_PG = """
-    WITH v AS (
-        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[]),
-                             CAST(:results AS text[])) AS v(id, slot, fence, result)
-    ), calls AS MATERIALIZED (
-        SELECT c.message_id, c.slot, c.fence FROM correlation_call c WHERE c.message_id = ANY(CAST(:ids AS bigint[]))
-    ), marked AS MATERIALIZED (
-        SELECT v.id, v.result FROM v JOIN calls c ON c.message_id = v.id AND c.slot = v.slot AND c.fence = v.fence
-    ), locked AS MATERIALIZED (
-        SELECT m.id, k.result FROM marked k JOIN correlation_message m ON m.id = k.id
-         WHERE m.state <> 'delivered' FOR UPDATE OF m SKIP LOCKED
-    ), present AS MATERIALIZED (
-        SELECT m.id FROM correlation_message m
-         WHERE m.id = ANY(ARRAY(SELECT id FROM marked EXCEPT SELECT id FROM locked)) AND m.state <> 'delivered'
-    ), released AS MATERIALIZED (
-        DELETE FROM correlation_call c
-         WHERE c.message_id = ANY(ARRAY(SELECT id FROM marked EXCEPT SELECT id FROM present))
-        RETURNING c.message_id
-    ), finishing AS MATERIALIZED (
-        -- locked, and their calls taken out; NOT IN a small set is a hashed lookup (`= ANY` of an array built at
-        -- run time would be a scan of the array for every row)
-        SELECT r.id, r.result FROM locked r
-         WHERE r.id NOT IN (SELECT id FROM locked EXCEPT SELECT message_id FROM released)
-    ), finished AS (
-        {finish}
-    ), returned AS MATERIALIZED (
-        UPDATE correlation_call c SET state = 'returned' WHERE c.message_id = ANY(ARRAY(SELECT id FROM present))
-        RETURNING c.message_id
-    )
-    SELECT ARRAY(SELECT message_id FROM released), ARRAY(SELECT id FROM locked),
-           ARRAY(SELECT message_id FROM returned)
-"""
-_FLUSH_SUCCESSES_RECORD_PG = text(
-    _FLUSH_SUCCESSES_PG.format(
-        finish=f"""UPDATE correlation_message AS m SET {_RECORD_SET.format(now='now()')},
-                   result = CAST(r.result AS jsonb)
-              FROM finishing r WHERE m.id = r.id"""
-    )
+_ABANDON_CALLS_PG = text(
+    "UPDATE correlation_call SET state = 'abandoned' WHERE message_id = ANY(CAST(:ids AS bigint[]))"
 )
-_FLUSH_SUCCESSES_DELETE_PG = text(
-    _FLUSH_SUCCESSES_PG.format(
-        finish="DELETE FROM correlation_message m USING finishing r WHERE m.id = r.id"
-    )
+_RELEASE_CALLS = (_RELEASE_CALLS_PG, text("DELETE FROM correlation_call WHERE message_id = :id"))
+_RETURN_CALLS = (_RETURN_CALLS_PG, text("UPDATE correlation_call SET state = 'returned' WHERE message_id = :id"))
+_ABANDON_CALLS = (_ABANDON_CALLS_PG, text("UPDATE correlation_call SET state = 'abandoned' WHERE message_id = :id"))
+# Dead-letter a row whose outcome the database refused, with the reason.
+_DEAD_LETTER = text(
+    "UPDATE correlation_message SET state = 'dead', next_attempt_at = NULL, last_error = :reason WHERE id = :id"
 )
 
 # Calls a failed fetch may have marked (see Engine._take_back_unknown_marks): this term's rows still `called`, of
@@ -308,67 +302,6 @@ _UNMARK_UNKNOWN_PG = text(
        AND c.message_id <> ALL(CAST(:known AS bigint[]))
     RETURNING c.message_id
     """
-)
-
-# Calls that were not made after all (their rows leave), and calls given up on at shutdown (kept, never blamed).
-_UNMARK_PG = text(
-    """
-    DELETE FROM correlation_call c
-     USING unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[])) AS u(id, slot, fence)
-     WHERE c.message_id = u.id AND c.slot = u.slot AND c.fence = u.fence
-    """
-)
-_ABANDON_PG = text(
-    """
-    UPDATE correlation_call c SET state = 'abandoned'
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:slots AS integer[]), CAST(:fences AS bigint[])) AS u(id, slot, fence)
-     WHERE c.message_id = u.id AND c.slot = u.slot AND c.fence = u.fence
-    """
-)
-
-# One call at a time (SQLite, and a flush whose values the database refused).
-_CALL_ONE = {
-    "postgresql": text(
-        "SELECT state FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence FOR UPDATE"
-    ),
-    "sqlite": text("SELECT state FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence"),
-}
-_LOCK_ONE = {
-    "postgresql": text(
-        "SELECT id FROM correlation_message WHERE id = :id AND state <> 'delivered' FOR UPDATE SKIP LOCKED"
-    ),
-    "sqlite": text("SELECT id FROM correlation_message WHERE id = :id AND state <> 'delivered'"),
-}
-_PRESENT_ONE = text("SELECT id FROM correlation_message WHERE id = :id AND state <> 'delivered'")
-_UNMARK_ONE = text("DELETE FROM correlation_call WHERE message_id = :id AND slot = :slot AND fence = :fence")
-_RETURNED_ONE = text(
-    "UPDATE correlation_call SET state = 'returned' WHERE message_id = :id AND slot = :slot AND fence = :fence"
-)
-_ABANDON_ONE = text(
-    "UPDATE correlation_call SET state = 'abandoned' WHERE message_id = :id AND slot = :slot AND fence = :fence"
-)
-_DELETE_ONE = text("DELETE FROM correlation_message WHERE id = :id")
-_DELIVER_ONE = {
-    dialect: text(
-        f"UPDATE correlation_message SET {_RECORD_SET.format(now=now)}, result = {result} WHERE id = :id"
-    )
-    for dialect, now, result in (
-        ("postgresql", "clock_timestamp()", "CAST(:result AS jsonb)"),
-        ("sqlite", "strftime('%Y-%m-%d %H:%M:%f000', 'now')", ":result"),
-    )
-}
-_RECORD_ONE = text(
-    """
-    UPDATE correlation_message
-       SET attempt = :attempt, next_attempt_at = :next_attempt_at, reschedule_count = :reschedule_count,
-           last_error = :last_error, state = CASE WHEN :dead THEN 'dead' ELSE state END,
-           lost_calls = 0, crashed_calls = 0
-     WHERE id = :id
-    """
-).bindparams(bindparam("next_attempt_at", type_=UtcDateTime()), bindparam("dead", type_=Boolean()))
-# Dead-letter a row whose outcome the database refused, with the reason.
-_DEAD_LETTER = text(
-    "UPDATE correlation_message SET state = 'dead', next_attempt_at = NULL, last_error = :reason WHERE id = :id"
 )
 
 # The calls of a slot's ended terms, with their messages (absent: deleted meanwhile), oldest term and run first;
@@ -463,14 +396,6 @@ def _update_params(updates: Sequence[Disposition]) -> dict[str, Any]:
         "u_reschedules": int_array(d.reschedule_count for d in updates),
         "u_errors": [d.last_error for d in updates],
         "u_dead": [d.kind is Kind.DEAD for d in updates],
-    }
-
-
-def _unnest_terms(ids: Sequence[tuple[int, int, int]]) -> dict[str, str]:
-    return {
-        "ids": int_array(i for i, _, _ in ids),
-        "slots": int_array(s for _, s, _ in ids),
-        "fences": int_array(f for _, _, f in ids),
     }
 
 
@@ -569,100 +494,142 @@ class CallStatements(LockStatements):
         if not any(w.dispositions or w.unmark or w.abandon for w in writes):
             return FlushOutcome()
         if self.dialect == "postgresql":
-            if all(_only_successes(w) for w in writes):
-                try:
-                    return self._driver_statements(partial(self._flush_successes, writes=writes))
-                except (StoreError, DBAPIError) as error:  # a value refused: the steps below find which
-                    if isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
-                        raise
             try:
-                return self._write(partial(self._record, writes=writes, one_by_one=False))
-            except (StoreError, DBAPIError) as error:
+                return self._write(partial(self._settle_writes, writes=writes, isolate=False))
+            except (StoreError, DBAPIError) as error:  # a value refused: written one at a time, it is found
                 if isinstance(error, DatabaseBusy | DatabaseUnavailable | LeaseLost):
                     raise
-        return self._write(partial(self._record, writes=writes, one_by_one=True))
+            return self._write(partial(self._settle_writes, writes=writes, isolate=True))
+        return self._write(partial(self._settle_writes, writes=writes, isolate=False))
 
-    def _flush_successes(self, driver: Any, writes: Sequence[SlotWrite]) -> FlushOutcome:
-        done = [(w, d) for w in writes for d in w.dispositions]
-        statement = _FLUSH_SUCCESSES_RECORD_PG if self.keep_records else _FLUSH_SUCCESSES_DELETE_PG
-        params = {
-            "ids": int_array(d.message_id for _, d in done),
-            "slots": int_array(w.slot for w, _ in done),
-            "fences": int_array(w.fence.fence for w, _ in done if w.fence is not None),
-            "results": text_array(d.result for _, d in done),
-            "by": self.finished_by,
-        }
-        released, locked, returned = (set(ids) for ids in driver_rows(driver, statement, params)[0])
-        written, gone = released & locked, released - locked
-        return FlushOutcome(
-            written=frozenset(written),
-            gone=frozenset(gone),
-            deferred=frozenset(returned),
-            fenced=frozenset(d.message_id for _, d in done) - written - gone - returned,
-        )
-
-    def _record(self, connection: Connection, writes: Sequence[SlotWrite], *, one_by_one: bool) -> FlushOutcome:
-        fenced = [(w, d) for w in writes if w.fence is not None for d in w.dispositions]
-        loose = [d for w in writes if w.fence is None for d in w.dispositions]
+    def _settle_writes(self, connection: Connection, writes: Sequence[SlotWrite], *, isolate: bool) -> FlushOutcome:
+        outcomes = [(_term(w), d) for w in writes for d in w.dispositions]
+        unmark = {i: (w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.unmark}
+        abandon = {i: (w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.abandon}
         result = _Result()
-        if one_by_one:
-            for write, disposition in fenced:
-                self._record_call_one(connection, write, disposition, result, isolate=self.dialect == "postgresql")
-            for disposition in loose:
-                self._record_loose_one(connection, disposition, result, isolate=self.dialect == "postgresql")
-        else:
-            if fenced:
-                self._record_calls_together(connection, fenced, result)
-            if loose:
-                self._record_loose_together(connection, loose, result)
-        self._unmark_and_abandon(connection, writes)
+        claim = self._claim(connection, {d.message_id: term for term, d in outcomes}, result, unmark, abandon)
+        self._settle(connection, claim, [d for _, d in outcomes], result, isolate=isolate)
         return result.outcome()
 
-    def _record_calls_together(
-        self, connection: Connection, fenced: Sequence[tuple[SlotWrite, Disposition]], result: _Result
-    ) -> None:
-        """Outcomes of calls still marked under their term: the others are fenced (their term ended and the slot's
-        next holder counted them), a message gone meanwhile is gone, one held elsewhere is deferred."""
-        term = {d.message_id: (write.slot, write.fence.fence) for write, d in fenced if write.fence is not None}
-        ids, slots, fences = connection.execute(_CALLS_OF_PG, {"ids": int_array(term)}).one()
-        marked = {i for i, *call in zip(ids or (), slots or (), fences or (), strict=True) if term[i] == tuple(call)}
-        result.fenced |= set(term) - marked
-        locked = self._apply_together(connection, [d for _, d in fenced if d.message_id in marked], result)
-        present = self._present_many(connection, marked - locked)
-        gone = marked - locked - present
+    def _claim(
+        self,
+        connection: Connection,
+        calls: Mapping[int, _Term | None],
+        result: _Result,
+        unmark: Mapping[int, _Term] | None = None,
+        abandon: Mapping[int, _Term] | None = None,
+    ) -> _Claim:
+        """The first half of settling outcomes under their terms (:meth:`_settle` is the second): take the rows.
+
+        ``calls``: the messages whose outcomes are to be written, each with the term its call was marked under
+        (None: written whatever is marked, for an engine without leases); ``unmark``, ``abandon``: calls that were
+        not made, or were given up on at shutdown, with their terms. Reported in ``result``: ``fenced``, a call no
+        longer marked under its term (the term ended and the slot's next holder counts or counted it: nothing is
+        written); ``deferred``, a message whose row another session holds (its call is marked ``returned``, the
+        outcome written by a later settle); ``gone``, a message deleted or recorded meanwhile (its call leaves).
+
+        Lock order, the one invariant that keeps settling free of deadlocks:
+
+        1. The call rows of every message named (outcomes, unmarks, abandons), whatever their term, in one
+           statement, in ascending message id (``FOR UPDATE``: this is the only wait of a settle).
+        2. Then the message rows of the outcomes whose call is still this term's, ``SKIP LOCKED``: never waited for.
+        3. Then writes, only on the rows taken in 1 and 2.
+
+        The other statements that take these rows: a mark (:meth:`calls_mark`) writes call rows only, in one
+        statement, in ascending message id too, and reads message rows without locking them; the fetch's own
+        mark (:class:`worker.db.fetch.FetchMark`) inserts new call rows only (``ON CONFLICT DO NOTHING``), which
+        no settle can wait for before they commit; :meth:`calls_unmark_unknown` deletes call rows of calls this
+        replica does not know, which none of its settles holds. An adoption (:meth:`calls_adopt`) waits only for
+        its lease row, which no settle locks, and takes call rows, then message rows, both ``SKIP LOCKED``.
+        Cleanup and operators write message rows and hold no call row. So a settle waits only for sessions that
+        wait for nothing it holds, and no wait closes a cycle. A transactional call (:meth:`calls_transact`) claims
+        its rows in this order too and holds them while its handler runs: what the handler's own statements wait
+        for is outside this order (PostgreSQL ends such a cycle by rolling one side back).
+        """
+        unmark, abandon = unmark or {}, abandon or {}
+        terms = {**unmark, **abandon, **{i: term for i, term in calls.items() if term is not None}}
+        marked = {i for i, call in self._calls_of(connection, terms).items() if terms[i] == call}
+        result.fenced |= {i for i, term in calls.items() if term is not None and i not in marked}
+        wanted = {i for i, term in calls.items() if term is None or i in marked}
+        locked = self._rows_of(connection, _LOCK_MESSAGES, wanted)
+        present = self._rows_of(connection, _PRESENT, wanted - locked)
+        gone = wanted - locked - present
         result.gone |= gone
-        if locked or gone:
-            connection.execute(_RELEASE_CALLS_PG, {"ids": int_array(sorted(locked | gone))})
-        if present:
-            connection.execute(_RETURN_CALLS_PG, {"ids": int_array(sorted(present))})
-            result.deferred |= present
-
-    def _record_loose_together(self, connection: Connection, loose: Sequence[Disposition], result: _Result) -> None:
-        missing = {d.message_id for d in loose} - self._apply_together(connection, loose, result)
-        present = self._present_many(connection, missing)
-        result.gone |= missing - present
         result.deferred |= present
+        return _Claim(
+            locked=locked,
+            release=((locked | gone) & marked) | (unmark.keys() & marked),
+            returned=present & marked,
+            abandon=abandon.keys() & marked,
+        )
 
-    def _apply_together(self, connection: Connection, dispositions: Sequence[Disposition], result: _Result) -> set[int]:
-        """Lock these messages' rows, skipping those held elsewhere, and write the outcomes of those locked;
-        answers the locked ones."""
-        if not dispositions:
-            return set()
-        ids = int_array(d.message_id for d in dispositions)
-        locked = set(connection.execute(_LOCK_MESSAGES_PG, {"ids": ids}).scalars())
-        done = [d for d in dispositions if d.kind is Kind.DELETE and d.message_id in locked]
-        if done:
-            self._finish_together(connection, done)
-        others = [d for d in dispositions if d.kind is not Kind.DELETE and d.message_id in locked]
-        if others:
-            connection.execute(_UPDATE_MESSAGES_PG, _update_params(others))
-        result.written |= locked
-        return locked
+    def _settle(
+        self,
+        connection: Connection,
+        claim: _Claim,
+        outcomes: Sequence[Disposition],
+        result: _Result,
+        *,
+        isolate: bool,
+    ) -> None:
+        """The second half of settling (after :meth:`_claim`, in its transaction): write the outcomes of the
+        messages claimed, and end their calls' rows. ``isolate`` (PostgreSQL): each outcome in a savepoint of its
+        own, a value the database refuses making its message dead with the reason (``failed``; ``stuck`` if even
+        that is refused); otherwise all together, and a refused value fails the transaction."""
+        claimed = [d for d in outcomes if d.message_id in claim.locked]
+        if isolate:
+            for disposition in claimed:
+                try:
+                    with connection.begin_nested():
+                        self._put(connection, [disposition])
+                except DBAPIError as error:
+                    if _transient(error):
+                        raise
+                    self._dead_letter(connection, disposition, error, result)
+                    continue
+                result.written.add(disposition.message_id)
+        else:
+            self._put(connection, claimed)
+            result.written |= {d.message_id for d in claimed}
+        self._each(connection, _RELEASE_CALLS, claim.release)
+        self._each(connection, _RETURN_CALLS, claim.returned)
+        self._each(connection, _ABANDON_CALLS, claim.abandon)
 
-    def _finish_together(self, connection: Connection, done: Sequence[Disposition]) -> None:
-        """Correlated messages leave the table: as their delivery records, or deleted when none is kept."""
-        if not self.keep_records:
-            connection.execute(_DELETE_MESSAGES_PG, {"ids": int_array(d.message_id for d in done)})
+    def _dead_letter(
+        self, connection: Connection, disposition: Disposition, error: DBAPIError, result: _Result
+    ) -> None:
+        """Make a message whose outcome the database refused dead, with the reason."""
+        reason = f"the worker could not record the outcome of this message: {error.orig}"
+        if disposition.last_error:  # the failure it was to record stays the message's reason too
+            reason += f"; the outcome was a failure: {disposition.last_error}"
+        try:
+            with connection.begin_nested():
+                connection.execute(_DEAD_LETTER, {"id": disposition.message_id, "reason": storable_text(reason)})
+        except DBAPIError as again:
+            result.failed[disposition.message_id] = f"{error.orig}; dead-lettering it failed too: {again.orig}"
+            result.stuck.add(disposition.message_id)
+            return
+        result.failed[disposition.message_id] = str(error.orig)
+
+    def _put(self, connection: Connection, outcomes: Sequence[Disposition]) -> None:
+        """Write outcomes on message rows this transaction holds: a success makes its message a delivery record
+        (or deletes it, when none is kept); any other outcome updates it."""
+        done = [d for d in outcomes if d.kind is Kind.DELETE]
+        others = [d for d in outcomes if d.kind is not Kind.DELETE]
+        if done and not self.keep_records:
+            self._each(connection, _DELETE_MESSAGES, [d.message_id for d in done])
+            done = []
+        if self.dialect != "postgresql":
+            if done:
+                connection.execute(
+                    _DELIVER_SQLITE, [{"id": d.message_id, "result": d.result, "by": self.finished_by} for d in done]
+                )
+            if others:
+                connection.execute(_UPDATE_SQLITE, [
+                    {"id": d.message_id, "attempt": d.attempt, "next_attempt_at": d.next_attempt_at,
+                     "reschedule_count": d.reschedule_count, "last_error": d.last_error, "dead": d.kind is Kind.DEAD}
+                    for d in others
+                ])
             return
         plain = [d.message_id for d in done if d.result is None]
         if plain:
@@ -674,85 +641,37 @@ class CallStatements(LockStatements):
                 {"ids": int_array(d.message_id for d in answered), "results": [d.result for d in answered],
                  "by": self.finished_by},
             )
+        if others:
+            connection.execute(_UPDATE_MESSAGES_PG, _update_params(others))
 
-    def _present_many(self, connection: Connection, ids: set[int]) -> set[int]:
+    def _calls_of(self, connection: Connection, ids: Collection[int]) -> dict[int, _Term]:
+        """The call rows of these messages, locked in ascending message id: message id -> (slot, fence)."""
+        if not ids:
+            return {}
+        if self.dialect == "postgresql":
+            found, slots, fences = connection.execute(_CALLS_OF_PG, {"ids": int_array(sorted(ids))}).one()
+            return {i: (s, f) for i, s, f in zip(found or (), slots or (), fences or (), strict=True)}
+        rows = ((i, connection.execute(_CALL_OF_SQLITE, {"id": i}).first()) for i in sorted(ids))
+        return {i: (row.slot, row.fence) for i, row in rows if row is not None}
+
+    def _rows_of(self, connection: Connection, statements: _Pair, ids: Collection[int]) -> set[int]:
+        """The ids a query of a pair answers: PostgreSQL's for all at once, SQLite's one at a time."""
         if not ids:
             return set()
-        return set(connection.execute(_PRESENT_PG, {"ids": int_array(sorted(ids))}).scalars())
+        many, one = statements
+        if self.dialect == "postgresql":
+            return set(connection.execute(many, {"ids": int_array(sorted(ids))}).scalar_one() or ())
+        return {i for i in sorted(ids) if connection.execute(one, {"id": i}).first() is not None}
 
-    def _record_call_one(
-        self, connection: Connection, write: SlotWrite, disposition: Disposition, result: _Result, *, isolate: bool
-    ) -> None:
-        assert write.fence is not None
-        key = {"id": disposition.message_id, "slot": write.slot, "fence": write.fence.fence}
-        if connection.execute(_CALL_ONE[self.dialect], key).first() is None:
-            result.fenced.add(disposition.message_id)
+    def _each(self, connection: Connection, statements: _Pair, ids: Collection[int]) -> None:
+        """Run a statement of a pair on these ids: PostgreSQL's once, SQLite's for each."""
+        if not ids:
             return
-        if connection.execute(_LOCK_ONE[self.dialect], {"id": disposition.message_id}).first() is None:
-            if connection.execute(_PRESENT_ONE, {"id": disposition.message_id}).first() is None:
-                connection.execute(_UNMARK_ONE, key)
-                result.gone.add(disposition.message_id)
-            else:
-                connection.execute(_RETURNED_ONE, key)
-                result.deferred.add(disposition.message_id)
-            return
-        self._apply_one(connection, disposition, result, isolate=isolate)
-        connection.execute(_UNMARK_ONE, key)
-
-    def _record_loose_one(
-        self, connection: Connection, disposition: Disposition, result: _Result, *, isolate: bool
-    ) -> None:
-        if connection.execute(_LOCK_ONE[self.dialect], {"id": disposition.message_id}).first() is None:
-            present = connection.execute(_PRESENT_ONE, {"id": disposition.message_id}).first() is not None
-            (result.deferred if present else result.gone).add(disposition.message_id)
-            return
-        self._apply_one(connection, disposition, result, isolate=isolate)
-
-    def _apply_one(self, connection: Connection, disposition: Disposition, result: _Result, *, isolate: bool) -> None:
-        """Write one outcome on a row known to be there and locked; a refused value makes the message dead."""
-        try:
-            if isolate:
-                with connection.begin_nested():
-                    self._write_one(connection, disposition)
-            else:
-                self._write_one(connection, disposition)
-        except DBAPIError as error:
-            if not isolate or _transient(error):
-                raise
-            reason = f"the worker could not record the outcome of this message: {error.orig}"
-            if disposition.last_error:  # the failure it was to record stays the message's reason too
-                reason += f"; the outcome was a failure: {disposition.last_error}"
-            reason = storable_text(reason)
-            try:
-                with connection.begin_nested():
-                    connection.execute(_DEAD_LETTER, {"id": disposition.message_id, "reason": reason})
-            except DBAPIError as again:
-                result.failed[disposition.message_id] = f"{error.orig}; dead-lettering it failed too: {again.orig}"
-                result.stuck.add(disposition.message_id)
-                return
-            result.failed[disposition.message_id] = str(error.orig)
-            return
-        result.written.add(disposition.message_id)
-
-    def _write_one(self, connection: Connection, disposition: Disposition) -> None:
-        if disposition.kind is Kind.DELETE:
-            if not self.keep_records:
-                connection.execute(_DELETE_ONE, {"id": disposition.message_id})
-                return
-            connection.execute(
-                _DELIVER_ONE[self.dialect],
-                {"id": disposition.message_id, "result": disposition.result, "by": self.finished_by},
-            )
-            return
-        params = {
-            "id": disposition.message_id,
-            "attempt": disposition.attempt,
-            "next_attempt_at": disposition.next_attempt_at,
-            "reschedule_count": disposition.reschedule_count,
-            "last_error": disposition.last_error,
-            "dead": disposition.kind is Kind.DEAD,
-        }
-        connection.execute(_RECORD_ONE, params)
+        many, one = statements
+        if self.dialect == "postgresql":
+            connection.execute(many, {"ids": int_array(sorted(ids))})
+        else:
+            connection.execute(one, [{"id": i} for i in sorted(ids)])
 
     def calls_transact(
         self,
@@ -783,20 +702,21 @@ class CallStatements(LockStatements):
         the transaction (the replica frozen, or cut off) before it ends it (PostgreSQL; 0: no limit).
         """
 
-        key = {"id": message_id, "slot": slot, "fence": None if fence is None else fence.fence}
+        term = None if fence is None else (slot, fence.fence)
 
         def work(connection: Connection) -> str:
             if self.dialect == "postgresql":
                 idle = f"{max(0, round(idle_limit * 1000))}ms"  # 0: no limit
                 row = connection.execute(_THIS_TRANSACTION, {"idle": idle}).one()
                 session(CallSession(int(row[0]), row[1]))
-            if fence is not None and connection.execute(_CALL_ONE[self.dialect], key).first() is None:
+            result = _Result()
+            claim = self._claim(connection, {message_id: term}, result)
+            if result.fenced:
                 raise _Rollback("fenced")
-            if connection.execute(_LOCK_ONE[self.dialect], {"id": message_id}).first() is None:
-                if connection.execute(_PRESENT_ONE, {"id": message_id}).first() is not None:
-                    raise _Rollback("busy")
-                if fence is not None:
-                    connection.execute(_UNMARK_ONE, key)
+            if result.deferred:
+                raise _Rollback("busy")
+            if result.gone:
+                self._settle(connection, claim, (), result, isolate=False)  # its mark leaves
                 return "gone"
             transaction = connection.get_transaction()
             outcome = disposition(connection)
@@ -808,9 +728,7 @@ class CallStatements(LockStatements):
                 raise _Rollback("failed")
             if fence is not None and connection.execute(_TERM_RUNS[self.dialect], _term_of(fence)).first() is None:
                 raise _Rollback("fenced")  # the lease ran out during the call: its next holder delivers it again
-            self._write_one(connection, outcome)
-            if fence is not None:
-                connection.execute(_UNMARK_ONE, key)
+            self._settle(connection, claim, [outcome], result, isolate=False)
             return "written"
 
         try:
@@ -833,19 +751,6 @@ class CallStatements(LockStatements):
             (session.pid, session.began),
         ).fetchall())
         return bool(ended and ended[0][0])
-
-    def _unmark_and_abandon(self, connection: Connection, writes: Sequence[SlotWrite]) -> None:
-        unmark = [(i, w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.unmark]
-        abandon = [(i, w.slot, w.fence.fence) for w in writes if w.fence is not None for i in w.abandon]
-        if self.dialect == "postgresql":
-            if unmark:
-                connection.execute(_UNMARK_PG, _unnest_terms(unmark))
-            if abandon:
-                connection.execute(_ABANDON_PG, _unnest_terms(abandon))
-            return
-        for statement, calls in ((_UNMARK_ONE, unmark), (_ABANDON_ONE, abandon)):
-            for message_id, slot, fence in calls:
-                connection.execute(statement, {"id": message_id, "slot": slot, "fence": fence})
 
     # -- takeover ---------------------------------------------------------------------------------------------
 
@@ -894,7 +799,7 @@ class CallStatements(LockStatements):
             if not row.present:
                 connection.execute(_FORGET_CALL, key)
                 continue
-            if connection.execute(_LOCK_ONE[self.dialect], {"id": row.message_id}).first() is None:
+            if not self._rows_of(connection, _LOCK_MESSAGES, {row.message_id}):
                 kept += 1
                 continue
             call = LostCall(
@@ -929,6 +834,19 @@ class CallStatements(LockStatements):
         return self._run(lambda c: [dict(row._mapping) for row in c.execute(statement)])
 
 
+_Term = tuple[int, int]  # the lease term a call was marked under: (slot, fence)
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """The rows a settle holds (:meth:`CallStatements._claim`), and how their calls' rows end."""
+
+    locked: set[int]  # message rows held: their outcomes are written
+    release: set[int]  # call rows that leave
+    returned: set[int]  # call rows marked returned (their message rows are held elsewhere)
+    abandon: set[int]  # call rows marked abandoned
+
+
 @dataclass
 class _Result:
     written: set[int] = field(default_factory=set)
@@ -945,12 +863,8 @@ class _Result:
         )
 
 
-def _only_successes(write: SlotWrite) -> bool:
-    """A write of successes of calls under a term alone (the one-statement flush)."""
-    return (
-        write.fence is not None and not write.unmark and not write.abandon
-        and all(d.kind is Kind.DELETE for d in write.dispositions)
-    )
+def _term(write: SlotWrite) -> _Term | None:
+    return None if write.fence is None else (write.slot, write.fence.fence)
 
 
 def _transient(error: DBAPIError) -> bool:

@@ -13,8 +13,9 @@ other.
 on at once; the committer writes them within a few milliseconds, many lanes' together, in one durable
 transaction per flush. Each outcome is written only if its call is still marked under its term (the row is
 the call's identity: a successor that counted the call lost has taken the row, and then nothing is written),
-and its mark leaves with it. Calls a lane marked and did not make are unmarked in the same flush, calls given
-up on at shutdown are marked abandoned::
+and its mark leaves with it; the store settles a flush as it settles a transactional call's outcome, in one
+lock order (:meth:`worker.db.calls.CallStatements._claim`). Calls a lane marked and did not make are unmarked
+in the same flush, calls given up on at shutdown are marked abandoned::
 
     lane:      mark run {m1, m2} ── call m1 ── call m2 ── hand over (m1, m2) ── mark next run ...
     marker:    write rows m1, m2 ┘
@@ -53,9 +54,9 @@ RETRY_FIRST, RETRY_MAX = 0.05, 2.0  # backoff after a failed flush (seconds)
 STOP_WRITE_WAIT = 5.0  # seconds a stopping replica keeps trying to write its last outcomes
 DEFERRED_FIRST, DEFERRED_MAX = 0.1, 5.0  # how soon a deferred outcome (row locked elsewhere) is tried again
 
-# How an outcome ended: written; gone (its row was deleted meanwhile); failed (the database refused it, the
-# message was made dead if it could be); fenced (its call was taken over: the slot's new holder decides);
-# unmarked (a call not made, its mark withdrawn).
+# How an outcome ends: written; gone (its row was deleted meanwhile); failed (the database refused it, the
+# message is made dead if it can be); fenced (its call was taken over: the slot's new holder decides); unmarked
+# (a call not made, its mark withdrawn); abandoned (given up on at shutdown: delivered again, never blamed).
 Recorded = Callable[[Sequence[tuple[Message, str]]], None]
 
 
@@ -65,9 +66,8 @@ _LATCH_CALLBACKS = threading.Lock()  # a latch's callbacks and its setting, one 
 class Latch:
     """A one-shot event, set once by one thread and waited on by any: one lock, held until it is set.
 
-    Each run's mark and outcomes have one, so it costs what :class:`threading.Event` costs per message over
-    and over: an Event builds a Condition (a lock, a waiter list and its bookkeeping) and setting it notifies
-    through that list; this makes one lock and releases it.
+    Each run's mark and outcomes have one: a :class:`threading.Event` would build a Condition (a lock, a waiter
+    list) for each and notify through it; this is one lock, released when set.
     """
 
     __slots__ = ("_callbacks", "_lock", "_set")
