@@ -2,8 +2,9 @@
 
 A term is decided by the database clock inside the statement that grants, renews, checks or ends it, never by
 a replica's clock. Taking a lock never waits on another session: rows are created (only when missing) in a
-transaction of their own, and free or expired rows are taken with ``FOR UPDATE SKIP LOCKED``; each term is
-renewed in a transaction of its own, so that one busy row delays only itself.
+transaction of their own, and free or expired rows are taken with ``FOR UPDATE SKIP LOCKED``; a renewal never
+waits for a row another session holds (PostgreSQL: every term in one statement skipping such rows; SQLite: each
+term in a transaction of its own), so that one busy row delays only itself.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class LockStatements(StoreBase):
     def lock_extend_each(
         self, fences: Sequence[Fence], lock_at_most_for: timedelta
     ) -> tuple[list[Fence], list[Fence]]:
-        """Renew each term in a transaction of its own; returns (renewed, busy).
+        """Renew the terms, a busy row delaying only its own (PostgreSQL: one statement skipping rows other
+        sessions hold; SQLite: a transaction each); returns (renewed, busy).
 
         A term that could not be renewed because its row was locked past the lock timeout is *busy*: neither
         renewed nor lost (it may be renewed at the next round). The rest are lost.
@@ -132,7 +134,7 @@ class LockStatements(StoreBase):
         return [f for f in ordered if f.name in renewed], [f for f in ordered if f.name in busy]
 
     def lock_extend_many(self, fences: Sequence[Fence], lock_at_most_for: timedelta) -> list[Fence]:
-        """Renew several terms, each in a transaction of its own; returns those renewed."""
+        """Renew several terms (as :meth:`lock_extend_each`); returns those renewed."""
         return self.lock_extend_each(fences, lock_at_most_for)[0]
 
     def lock_release(self, fence: Fence, lock_at_least_for: timedelta = timedelta(0)) -> bool:

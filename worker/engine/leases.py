@@ -396,7 +396,7 @@ class SlotLeaser:
         if not fences:
             return 0, 0
         sent = self._monotonic()
-        # Each term in a transaction of its own: a row someone holds delays its own renewal only.
+        # A row someone holds delays its own renewal only (skipped, or renewed in a transaction of its own).
         renewed, busy = self.store.lock_extend_each(fences, self.config.lease)
         kept, waiting = set(renewed), set(busy)
         lost: list[int] = []
