@@ -363,3 +363,23 @@ def test_a_request_ends_at_its_calls_deadline_as_the_handler_timeout_it_is() -> 
         with call_deadline(5), pytest.raises(Retry, match=r"timed out after 0\.2s") as raised:
             HttpCorrelator(url, timeout=timedelta(seconds=0.2))(message(1))
         assert not isinstance(raised.value, HandlerTimeout)
+
+
+def test_a_call_waits_for_another_calls_token_fetch_no_longer_than_its_own_deadline() -> None:
+    """The lanes' threads share one token: a call whose deadline passes while another thread fetches it is the
+    call's HandlerTimeout, never a thread stuck past its handler timeout."""
+    issuer = FakeCamunda8(auth="OAUTH")
+    try:
+        tokens = ClientCredentials(issuer.oauth_url, issuer.client_id, issuer.client_secret, audience=issuer.audience)
+        tokens._lock.acquire()  # another thread's fetch under way
+        try:
+            started = time.monotonic()
+            with call_deadline(0.2), pytest.raises(HandlerTimeout, match="waiting for a token from"):
+                tokens.header()
+            assert time.monotonic() - started < 1.5
+        finally:
+            tokens._lock.release()
+        with call_deadline(5):
+            assert tokens.header() == "Bearer token-1"
+    finally:
+        issuer.close()

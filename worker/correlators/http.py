@@ -55,6 +55,7 @@ from worker.correlators.network import (
     TargetUnavailable,
     destination_for,
     target_config,
+    wait_within_deadline,
 )
 from worker.message import Message, thaw
 from worker.policy.outcomes import AuthProblem, PermanentError, Reschedule, Result, Retry, storable_text
@@ -95,12 +96,16 @@ class ClientCredentials:
 
     def header(self) -> str:
         """``Bearer <token>``: the cached token, or a new one when it is (nearly) expired."""
-        with self._lock:
+        # Another thread's fetch is waited for no longer than this call's deadline (its own fetch is bounded by it).
+        wait_within_deadline(self._lock, f"a token from {redact_url(self.token_url)}")
+        try:
             now = self._clock()
             if self._token is None or now >= self._expires:
                 self._token, lifetime = self._fetch()
                 self._expires = now + max(lifetime - min(TOKEN_SKEW, lifetime / 10), 0.0)
             return f"Bearer {self._token}"
+        finally:
+            self._lock.release()
 
     def forget(self, header: str) -> None:
         """The endpoint refused the token of ``header``: the next call fetches a new one."""

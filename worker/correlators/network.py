@@ -289,6 +289,18 @@ def call_deadline(seconds: float) -> Iterator[None]:
         _calls.deadline = None
 
 
+def wait_within_deadline(lock: threading.Lock, what: str) -> None:
+    """Take ``lock``, waiting no longer than the thread's call deadline (:func:`call_deadline`): past it, the call's
+    :class:`~worker.policy.outcomes.HandlerTimeout`, naming what it waited for."""
+    deadline = getattr(_calls, "deadline", None)
+    if deadline is None:
+        lock.acquire()
+        return
+    if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        within = format_duration(timedelta(seconds=_calls.seconds))
+        raise HandlerTimeout(f"the correlator did not return within {within} (waiting for {what})")
+
+
 class HttpClient:
     """An HTTP client for one destination, by libcurl: a request is made on the calling thread (a lane's), which
     the interpreter lock is released for while libcurl does the protocol in C and waits for the answer; each thread
