@@ -27,7 +27,7 @@ from worker.correlators import Router
 from worker.db.base import Fence
 from worker.db.errors import DatabaseUnavailable
 from worker.db.fetch import Fetched, FetchMark
-from worker.db.store import NewMessage, Store
+from worker.db.store import MessageFilter, NewMessage, Store
 from worker.engine import engine as engine_module
 from worker.engine.committer import MarkTicket
 from worker.engine.engine import Engine
@@ -1189,3 +1189,38 @@ def test_a_run_a_fetch_marked_while_stuck_calls_came_to_hold_every_lane_is_unmar
     assert calls.count(late) == 1
     record = store.messages_get(late)
     assert record is not None and record.lost_calls == 0
+
+
+def test_a_failure_of_the_lanes_own_before_a_runs_marks_are_answered_takes_them_back_and_charges_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the lanes after a run's marks were asked for, before their answer was taken: the run's exit
+    withdraws them (taken back once written: nothing stays in flight under the live term), nothing is charged,
+    and the hint's messages are called, in order, at the next poll."""
+    from worker.engine.lanes import Lanes
+
+    real = Lanes._marks_written
+    failed: list[int] = []
+
+    async def failing_once(self: Lanes, ticket: Any) -> bool:
+        if not failed and not ticket.by_fetch:  # a run marked by a lane (a fetch's marks are the fetch's)
+            await real(self, ticket)  # written: only taking the answer fails
+            failed.extend(ticket.marked)
+            raise KeyError("a bug of the lanes")
+        return await real(self, ticket)
+
+    monkeypatch.setattr(Lanes, "_marks_written", failing_once)
+    monkeypatch.setattr(engine_module, "FETCHERS", 1)
+    # Two hints, one lane: the fetch marks one hint's run (every lane waits), the lane marks the other's ahead.
+    hints = {"a": [send(store, "a") for _ in range(2)], "h": [send(store, "h") for _ in range(2)]}
+    calls: list[int] = []
+    holder = leaser(store, "a")
+    holder.run_once()
+    engine = engine_of(store, holder, Metrics(), calls, concurrency=1)
+    engine.run_once()
+    assert failed, "a run marked by the lane failed"
+    assert not in_flight(store), "its marks were taken back"
+    assert all(message.attempt == 0 for message in store.messages_list(MessageFilter())), "nothing charged"
+    engine.run_once()
+    assert all([i for i in calls if i in ids] == ids for ids in hints.values()), calls
+    assert sorted(calls) == sorted(hints["a"] + hints["h"]), "each called once"

@@ -761,6 +761,8 @@ class Lanes:
         with self._lock:
             if failure is not None:
                 run.work.pending.clear()
+                if run.ticket is not None and not run.marked:  # asked for, its answer not taken: taken back
+                    self.committer.withdraw(run.ticket)
             if not lane.abandoned:
                 message = run.current
                 if run.marked and message is not None and failure is not None:  # under way when the lane failed
