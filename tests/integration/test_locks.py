@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import psycopg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
 from tests.conftest import left
 from tests.integration.test_pauses import _blocked
@@ -324,6 +326,35 @@ def test_a_flush_writes_the_outcomes_of_calls_still_marked_and_nothing_of_those_
     assert not left(any_store, lost_id)
 
 
+@contextmanager
+def flush_waiting_for_call_row(
+    store: Store, pg_url: str, held: int, flush: Callable[[], FlushOutcome]
+) -> Iterator[tuple[Connection, list[FlushOutcome]]]:
+    """A flush on a thread of its own, seen waiting in the database for the call row of message ``held``, which the
+    yielded session holds; the session commits as the block ends, and the flush's outcome is then in the list."""
+    done: list[FlushOutcome] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(flush())
+        except BaseException as error:  # shown by the assertions, not lost with the thread
+            failed.append(error)
+
+    thread = threading.Thread(target=run)
+    with store.engine.connect() as holder:
+        holder.execute(text("SELECT 1 FROM correlation_call WHERE message_id = :id FOR UPDATE"), {"id": held})
+        thread.start()
+        deadline = time.monotonic() + DEADLINE
+        while not _blocked(pg_url) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread.is_alive() and _blocked(pg_url), f"the flush should wait for the call row: {failed}"
+        yield holder, done
+        holder.commit()
+    thread.join(DEADLINE)
+    assert done, f"the flush ended without an outcome: {failed}"
+
+
 @pytest.mark.parametrize("adopted", [False, True], ids=["left-to-the-flush", "adopted-meanwhile"])
 def test_a_flush_waits_for_a_call_row_before_it_takes_a_message_row_and_writes_only_calls_still_marked(
     store: Store, pg_url: str, adopted: bool
@@ -337,31 +368,15 @@ def test_a_flush_waits_for_a_call_row_before_it_takes_a_message_row_and_writes_o
     fence = store.lock_try_acquire("slot:0", "a", LONG)
     assert fence is not None
     mark(store, fence, message_id)
-    outcome: list[FlushOutcome] = []
-    failed: list[BaseException] = []
+    def flush() -> FlushOutcome:
+        return record(store, fence, Disposition(message_id, Kind.DELETE, 0))
 
-    def flush_it() -> None:
-        try:
-            outcome.append(record(store, fence, Disposition(message_id, Kind.DELETE, 0)))
-        except BaseException as error:  # shown by the assertion below, not lost with the thread
-            failed.append(error)
-
-    flush = threading.Thread(target=flush_it)
-    with store.engine.connect() as adoption:
-        adoption.execute(text("SELECT 1 FROM correlation_call WHERE message_id = :id FOR UPDATE"), {"id": message_id})
-        flush.start()
-        deadline = time.monotonic() + DEADLINE
-        while not _blocked(pg_url) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert flush.is_alive() and _blocked(pg_url), f"the flush should wait for the call row: {failed}"
+    with flush_waiting_for_call_row(store, pg_url, message_id, flush) as (adoption, outcome):
         held = adoption.execute(text(
             "SELECT id FROM correlation_message WHERE id = :id FOR UPDATE SKIP LOCKED"), {"id": message_id}).all()
         assert held == [(message_id,)], "the flush holds the message row while it waits for the call row"
         if adopted:  # as if an adoption had counted the call meanwhile: its row gone
             adoption.execute(text("DELETE FROM correlation_call WHERE message_id = :id"), {"id": message_id})
-        adoption.commit()
-    flush.join(DEADLINE)
-    assert outcome, f"the flush ended without an outcome: {failed}"
     if adopted:
         assert outcome[0].fenced == {message_id} and not outcome[0].written
         assert not left(store, message_id)

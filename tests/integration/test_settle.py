@@ -4,8 +4,6 @@ same statuses (against real PostgreSQL, and SQLite where no second session is in
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -14,13 +12,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from tests.conftest import left
-from tests.integration.test_pauses import _blocked
-from worker.db.calls import FlushOutcome, MarkRequest, SlotWrite
+from tests.integration.test_locks import flush_waiting_for_call_row
+from worker.db.calls import MarkRequest, SlotWrite
 from worker.db.store import Fence, NewMessage, Store
 from worker.policy.outcomes import Disposition, Kind
 
 LONG = timedelta(minutes=5)
-DEADLINE = 10.0
 
 
 def _messages(store: Store, count: int) -> list[int]:
@@ -96,30 +93,11 @@ def test_a_flush_takes_every_call_row_before_any_message_row(store: Store, pg_ur
     outcomes = (first, second, last) if held == "outcome" else (first, second)
     write = SlotWrite(0, fence, tuple(Disposition(i, Kind.DELETE, 0) for i in outcomes),
                       abandon=(last,) if held == "abandoned" else ())
-    done: list[FlushOutcome] = []
-    failed: list[BaseException] = []
-
-    def flush() -> None:
-        try:
-            done.append(store.messages_record([write]))
-        except BaseException as error:  # shown by the assertion below, not lost with the thread
-            failed.append(error)
-
-    thread = threading.Thread(target=flush)
-    with store.engine.connect() as other:
-        other.execute(text("SELECT 1 FROM correlation_call WHERE message_id = :id FOR UPDATE"), {"id": last})
-        thread.start()
-        deadline = time.monotonic() + DEADLINE
-        while not _blocked(pg_url) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert thread.is_alive() and _blocked(pg_url), f"the flush should wait for the call row: {failed}"
+    with flush_waiting_for_call_row(store, pg_url, last, lambda: store.messages_record([write])) as (other, done):
         free = other.execute(text(
             "SELECT id FROM correlation_message WHERE id = ANY(:ids) ORDER BY id FOR UPDATE SKIP LOCKED"
         ), {"ids": [first, second, last]}).scalars().all()
         assert free == [first, second, last], "the flush holds a message row while it waits for a call row"
-        other.rollback()
-    thread.join(DEADLINE)
-    assert done, f"the flush ended without an outcome: {failed}"
     assert done[0].written == set(outcomes) and not done[0].fenced
     assert all(left(store, i) for i in outcomes)
     assert _calls(store) == ({} if held == "outcome" else {last: "abandoned"})

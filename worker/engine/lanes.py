@@ -242,10 +242,14 @@ class _Run:
     abandon: list[Message] = field(default_factory=list)  # calls given up on at a stop
     handed: Outcomes | None = None  # the last outcomes handed over (a lone run waits until they are handled)
 
-    def give_up(self) -> None:
-        """Its calls after the current one will not be made: their marks are taken back."""
-        self.unmark.extend(self.calls[self.index + 1 :])
+    def take_back(self, start: int) -> None:
+        """Its calls from ``start`` on will not be made: their marks are taken back."""
+        self.unmark.extend(self.calls[start:])
         self.decided = len(self.calls)
+
+    def give_up(self) -> None:
+        """Its calls after the current one will not be made."""
+        self.take_back(self.index + 1)
 
 
 @dataclass(eq=False)
@@ -774,10 +778,9 @@ class Lanes:
                     )
                     run.done.append((message, disposition))
                     _log_failure(message, disposition, error)
-                elif run.marked:  # the calls not decided were not made (one under way at a cancel: made again)
-                    run.index = run.decided - 1
-                if run.marked:
                     run.give_up()
+                elif run.marked:  # the calls not decided were not made (one under way at a cancel: made again)
+                    run.take_back(run.decided)
                 run.current = None
                 self._hand_over_locked(lane, run)
             if run.room is not None:
